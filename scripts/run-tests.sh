@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The test command (README). Lanes:
+#   scripts/run-tests.sh          full lane: fast lane + harness (images, llama.cpp mirror and one
+#                                 shared CPU build per ref) + integration tests + every molecule scenario
+#   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, unit tests
+# Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
+# the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+lane=full
+case "${1:-}" in --fast) lane=fast ;; --full|"") ;; *) echo "usage: $0 [--fast|--full]" >&2; exit 2 ;; esac
+
+declare -a names=() secs=() results=()
+failed=0
+summary() {
+  echo
+  echo "== $lane lane: stage wall times =="
+  local total=0 i
+  for i in "${!names[@]}"; do
+    printf '  %-28s %6ss  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+    total=$((total + secs[i]))
+  done
+  printf '  %-28s %6ss\n' "total" "$total"
+}
+trap summary EXIT
+stage() {   # stage NAME CMD...: run, time, and stop the lane at the first failure
+  local name=$1; shift
+  echo; echo "== stage: $name =="
+  local t0=$SECONDS rc=0
+  "$@" || rc=$?
+  names+=("$name"); secs+=($((SECONDS - t0)))
+  if [ $rc -eq 0 ]; then results+=(ok); else results+=("FAILED (rc=$rc)"); failed=1; exit $rc; fi
+}
+
+stage bootstrap source scripts/bootstrap.sh
+stage yamllint yamllint -s .
+stage ansible-lint ansible-lint --offline -q
+stage ruff bash -c 'ruff check . && ruff format --check .'
+stage unit pytest -q -m "not slow" tests/unit
+[ "$lane" = fast ] && exit 0
+
+stage images bash scripts/sandbox.sh images
+stage llamacpp-mirror bash tests/harness/llamacpp/mirror.sh serve
+stage llamacpp-build-mainline bash -c 'tests/harness/llamacpp/build.sh master'
+stage llamacpp-build-pr-standin bash -c 'tests/harness/llamacpp/build.sh refs/pull/22673/head'
+LLAMA_SERVER_BIN=$(tests/harness/llamacpp/build.sh master)/bin/llama-server
+LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/llama-server
+export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
+stage integration pytest -q tests/integration
+for scenario in $(ls -1 molecule); do
+  [ -f "molecule/$scenario/molecule.yml" ] || continue
+  stage "molecule:$scenario" molecule test -s "$scenario"
+done

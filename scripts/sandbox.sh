@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The local sandbox fleet: Debian systemd hosts in podman containers, reachable by Ansible
+# through the containers.podman connection. Molecule scenarios use the same images.
+#
+#   sandbox.sh images          build localhost/debian-systemd:12 and :13 once (skipped when present)
+#   sandbox.sh up [N] [SUITE]  start N hosts (default 2) named llama-sandbox-1..N from :SUITE (default 12)
+#                              on the podman network "llamafleet"; idempotent
+#   sandbox.sh down            stop and remove the sandbox hosts (the network and images stay)
+#   sandbox.sh status          list the sandbox hosts
+# Env: LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet) keeps image tarballs between runs;
+#      SANDBOX_PREFIX (default llama-sandbox), SANDBOX_NETWORK (default llamafleet).
+set -euo pipefail
+cache=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}
+prefix=${SANDBOX_PREFIX:-llama-sandbox}
+network=${SANDBOX_NETWORK:-llamafleet}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+suite_of() { case "$1" in 12) echo bookworm ;; 13) echo trixie ;; *) echo "unknown Debian release $1" >&2; exit 2 ;; esac; }
+
+build_image() {
+  local rel=$1 suite tag=localhost/debian-systemd:$1 tarball=$cache/images/debian-systemd-$1.tar
+  suite=$(suite_of "$rel")
+  if podman image exists "$tag"; then return 0; fi
+  mkdir -p "$cache/images"
+  if [ ! -s "$tarball" ]; then
+    local root; root=$(mktemp -d "$cache/images/rootfs-$rel.XXXXXX")
+    echo "building $tag with debootstrap ($suite)..." >&2
+    debootstrap --variant=minbase \
+      --include=systemd,systemd-sysv,dbus,python3,sudo,iproute2,ca-certificates,procps \
+      "$suite" "$root" "$mirror" >"$cache/images/debootstrap-$rel.log" 2>&1 \
+      || { tail -20 "$cache/images/debootstrap-$rel.log" >&2; rm -rf "$root"; exit 1; }
+    # Units that make no sense in a container; keep the journal small.
+    for u in systemd-networkd-wait-online.service getty@tty1.service systemd-udevd.service; do
+      ln -sf /dev/null "$root/etc/systemd/system/$u"
+    done
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+  fi
+  podman import --change 'CMD ["/lib/systemd/systemd"]' --change 'STOPSIGNAL SIGRTMIN+3' \
+    "$tarball" "$tag" >/dev/null
+  echo "built $tag" >&2
+}
+
+ensure_network() {
+  podman network exists "$network" || podman network create "$network" >/dev/null
+}
+
+up() {
+  local n=${1:-2} rel=${2:-12}
+  build_image "$rel"
+  ensure_network
+  for i in $(seq 1 "$n"); do
+    local name=$prefix-$i
+    if podman container exists "$name"; then
+      [ "$(podman inspect -f '{{.State.Running}}' "$name")" = true ] || podman start "$name" >/dev/null
+      continue
+    fi
+    podman run -d --name "$name" --hostname "$name" --network "$network" \
+      --systemd=always --label llamafleet.sandbox=1 \
+      --tmpfs /tmp --tmpfs /run \
+      "localhost/debian-systemd:$rel" /lib/systemd/systemd >/dev/null
+  done
+  # Wait until systemd inside each host is up (running or degraded).
+  for i in $(seq 1 "$n"); do
+    local state=""
+    for _ in $(seq 1 60); do
+      state=$(podman exec "$prefix-$i" systemctl is-system-running 2>/dev/null || true)
+      case "$state" in running|degraded) break ;; esac
+      sleep 1
+    done
+    echo "$prefix-$i: systemd $state"
+  done
+}
+
+down() {
+  local ids
+  ids=$(podman ps -a -q --filter label=llamafleet.sandbox=1 --filter "name=^$prefix-")
+  [ -z "$ids" ] || podman rm -f -t 5 $ids >/dev/null
+  echo "sandbox hosts removed"
+}
+
+case "${1:-}" in
+  images) build_image 12; build_image 13 ;;
+  up) shift; up "$@" ;;
+  down) down ;;
+  status) podman ps -a --filter label=llamafleet.sandbox=1 --format '{{.Names}}\t{{.Status}}\t{{.Image}}' ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
+esac
