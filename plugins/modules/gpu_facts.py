@@ -1,0 +1,183 @@
+#!/usr/bin/python
+"""Ansible module llamafleet.mtp.gpu_facts: NVIDIA GPU inventory and topology from nvidia-smi."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Gather NVIDIA GPU facts (memory, topology, driver) from nvidia-smi
+version_added: "0.1.0"
+description:
+  - Runs C(nvidia-smi --query-gpu=... --format=csv,noheader,nounits), plain C(nvidia-smi) (for the
+    driver's CUDA version) and C(nvidia-smi topo -m), and publishes the result as the
+    C(gpu_facts) fact in the shape docs/facts.md of the collection specifies.
+  - A host without nvidia-smi, or whose nvidia-smi says C(No devices were found), gets
+    C(count=0) and C(source=none) unless O(required=true).
+  - "Fails, quoting nvidia-smi's own words, when nvidia-smi cannot talk to the driver (for example
+    C(Failed to initialize NVML: Driver/library version mismatch)), when a GPU reports an error
+    (C(Unknown Error), C(GPU is lost), C(GPU requires reset)), or when its output cannot be parsed."
+  - Read-only; never reports a change. In check mode it runs normally.
+  - Drivers older than R510 do not know the C(compute_cap) query field; the query is then repeated
+    without it and C(compute_capability) is null.
+author:
+  - llamafleet maintainers
+options:
+  nvidia_smi:
+    description:
+      - Path of the nvidia-smi executable.
+      - When not set, nvidia-smi is looked up on E(PATH) (and the usual sbin directories); when
+        set, the file must exist and be executable.
+    type: path
+  required:
+    description:
+      - Fail when the host has no usable NVIDIA GPU (no nvidia-smi, or no devices).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+notes:
+  - C(topology.matrix) and the NUMA/CPU affinity come from C(nvidia-smi topo -m); link codes are kept
+    exactly as nvidia-smi prints them (X, NV4, NV12, NV18, PIX, PXB, PHB, NODE, SYS).
+"""
+
+EXAMPLES = r"""
+- name: Read the GPUs of every inference host
+  llamafleet.mtp.gpu_facts:
+
+- name: A GPU host must have working GPUs
+  llamafleet.mtp.gpu_facts:
+    required: true
+
+- name: Use a nvidia-smi outside PATH
+  llamafleet.mtp.gpu_facts:
+    nvidia_smi: /usr/local/nvidia/bin/nvidia-smi
+
+- name: Show the NVLink groups
+  ansible.builtin.debug:
+    var: ansible_facts.gpu_facts.topology.nvlink_groups
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts published on the host.
+  returned: always
+  type: dict
+  contains:
+    gpu_facts:
+      description: The GPUs and their topology (docs/facts.md, section gpu_facts).
+      returned: always
+      type: dict
+      contains:
+        count:
+          description: Number of GPUs nvidia-smi lists (0 on a host without GPUs).
+          type: int
+          sample: 2
+        driver_version:
+          description: NVIDIA driver version; null without GPUs.
+          type: str
+          sample: "535.104.05"
+        cuda_driver_version:
+          description: Highest CUDA version the driver supports (table header); null when unknown.
+          type: str
+          sample: "12.2"
+        source:
+          description: C(nvidia-smi), or C(none) when there is no nvidia-smi or no GPU.
+          type: str
+          sample: nvidia-smi
+        gpus:
+          description:
+            - One entry per GPU, by nvidia-smi index (index, uuid, name, pci_bus_id, memory_total_mib,
+              memory_used_mib, memory_free_mib, compute_capability, mig_mode, numa_node, cpu_affinity,
+              healthy, error).
+          type: list
+          elements: dict
+          sample:
+            - index: 0
+              uuid: GPU-5f6b1a52-8f43-4fa6-9ad2-2b5a3c6f1e0d
+              name: Tesla V100-PCIE-32GB
+              pci_bus_id: "00000000:3B:00.0"
+              memory_total_mib: 32768
+              memory_used_mib: 0
+              memory_free_mib: 32768
+              compute_capability: "7.0"
+              mig_mode: null
+              numa_node: 0
+              cpu_affinity: "0,2,4,6,8,10"
+              healthy: true
+              error: null
+        topology:
+          description:
+            - C(matrix), link codes between GPUs indexed by GPU index; C(nvlink_groups), the connected
+              components over NV# links (singletons omitted).
+          type: dict
+          sample:
+            matrix: [["X", "NV4"], ["NV4", "X"]]
+            nvlink_groups: [[0, 1]]
+gpu_facts:
+  description: On failure because a GPU reports an error, what could be read (that GPU with healthy=false).
+  returned: failed because of a GPU error
+  type: dict
+nvidia_smi_output:
+  description: nvidia-smi's output when it failed or could not be parsed.
+  returned: failed
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.nvidia_smi import (
+    GpuError,
+    NoDevicesError,
+    NvidiaSmiError,
+    collect,
+    empty_facts,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi": {"type": "path"},
+            "required": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    required = module.params["required"]
+    path = module.params["nvidia_smi"]
+    if path:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            module.fail_json(msg=f"nvidia_smi={path} is not an executable file; give the path of nvidia-smi or omit it")
+    else:
+        path = module.get_bin_path("nvidia-smi")
+
+    def no_gpu(reason: str) -> None:
+        if required:
+            module.fail_json(msg=f"required=true but this host has no usable NVIDIA GPU: {reason}")
+        module.exit_json(changed=False, ansible_facts={"gpu_facts": empty_facts()})
+
+    if not path:
+        no_gpu("nvidia-smi is not on PATH (install the NVIDIA driver, or set nvidia_smi)")
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        return module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    try:
+        facts = collect(run, path)
+    except NoDevicesError as e:
+        no_gpu(str(e))
+    except GpuError as e:
+        module.fail_json(msg=str(e), gpu_facts=e.facts, nvidia_smi_output=e.output)
+    except NvidiaSmiError as e:
+        module.fail_json(msg=str(e), nvidia_smi_output=e.output)
+    module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
+
+
+if __name__ == "__main__":
+    main()

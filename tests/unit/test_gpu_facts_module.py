@@ -1,0 +1,124 @@
+"""The real gpu_facts module, run by the real `ansible` CLI against the nvidia-smi stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from nvsmi_profiles import PROFILES_DIR, REPO, STANDIN, facts_from_profile
+
+ANSIBLE = REPO / ".venv" / "bin" / "ansible"
+pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv's ansible")
+
+
+def gpu_facts(args: str = "", profile: str | None = None, path: str = "/usr/bin:/bin", check: bool = False) -> dict:
+    """Run `ansible localhost -m llamafleet.mtp.gpu_facts -a ARGS`; return the host's result."""
+    env = {
+        "PATH": path,
+        "HOME": os.environ.get("HOME", "/root"),
+        "LC_ALL": "C.UTF-8",
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
+    }
+    if profile:
+        env["NVIDIA_SMI_PROFILE"] = str(PROFILES_DIR / f"{profile}.json") if "/" not in profile else profile
+    cmd = [
+        str(ANSIBLE),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    cmd += ["-m", "llamafleet.mtp.gpu_facts", "-a", args] + (["--check"] if check else [])
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"ansible printed no JSON (rc {proc.returncode}): {proc.stdout}\n{proc.stderr}")
+    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.mark.parametrize(
+    "profile",
+    ["uts-2x-v100-pcie32", "cn5900x-2x-rtx3090-nvlink-busy", "noderecord-8x-h200-nvswitch", "lentvm-1x-h200"],
+)
+def test_module_publishes_the_facts_the_parser_builds(profile):
+    result = gpu_facts(f"nvidia_smi={STANDIN}", profile)
+    assert not result.get("failed"), result.get("msg")
+    assert result["changed"] is False
+    facts = result["ansible_facts"]["gpu_facts"]
+    assert facts == facts_from_profile(PROFILES_DIR / f"{profile}.json")
+    assert facts["source"] == "nvidia-smi" and facts["count"] == len(
+        json.loads((PROFILES_DIR / f"{profile}.json").read_text())["gpus"]
+    )
+
+
+def test_module_finds_nvidia_smi_on_path_and_runs_in_check_mode():
+    result = gpu_facts("", "cn5900x-2x-rtx3090-nvlink-busy", path=f"{STANDIN.parent}:/usr/bin:/bin", check=True)
+    facts = result["ansible_facts"]["gpu_facts"]
+    assert [g["memory_used_mib"] for g in facts["gpus"]] == [22943, 22943]
+    assert facts["topology"] == {"matrix": [["X", "NV4"], ["NV4", "X"]], "nvlink_groups": [[0, 1]]}
+    assert facts["cuda_driver_version"] == "12.6"
+
+
+def test_no_nvidia_smi_means_no_gpus():
+    result = gpu_facts("")
+    assert not result.get("failed") and result["changed"] is False
+    assert result["ansible_facts"]["gpu_facts"] == {
+        "count": 0,
+        "driver_version": None,
+        "cuda_driver_version": None,
+        "source": "none",
+        "gpus": [],
+        "topology": {"matrix": [], "nvlink_groups": []},
+    }
+    failed = gpu_facts("required=true")
+    assert failed["failed"] and "nvidia-smi is not on PATH" in failed["msg"]
+
+
+def test_explicit_path_that_does_not_exist_fails():
+    result = gpu_facts("nvidia_smi=/nonexistent/nvidia-smi")
+    assert result["failed"] and "/nonexistent/nvidia-smi is not an executable file" in result["msg"]
+
+
+def test_no_devices(tmp_path):
+    profile = tmp_path / "none.json"
+    profile.write_text(json.dumps({"failure": "no-devices", "gpus": [], "driver_version": "535.104.05"}))
+    result = gpu_facts(f"nvidia_smi={STANDIN}", str(profile))
+    assert result["ansible_facts"]["gpu_facts"]["count"] == 0
+    assert result["ansible_facts"]["gpu_facts"]["source"] == "none"
+    required = gpu_facts(f"nvidia_smi={STANDIN} required=true", str(profile))
+    assert required["failed"] and "No devices were found" in required["msg"]
+
+
+def variant(tmp_path, name: str, **changes) -> str:
+    profile = json.loads((PROFILES_DIR / f"{name}.json").read_text())
+    profile.update(changes)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+def test_nvml_failure_fails_with_nvidia_smi_words(tmp_path):
+    result = gpu_facts(f"nvidia_smi={STANDIN}", variant(tmp_path, "uts-2x-v100-pcie32", failure="nvml"))
+    assert result["failed"]
+    assert "Failed to initialize NVML: Driver/library version mismatch" in result["msg"]
+    assert "ansible_facts" not in result or "gpu_facts" not in result.get("ansible_facts", {})
+
+
+def test_gpu_error_fails_and_reports_the_sick_gpu(tmp_path):
+    result = gpu_facts(
+        f"nvidia_smi={STANDIN}", variant(tmp_path, "jtkj003-8x-a100-sxm4-nvswitch", failure="gpu-error:6")
+    )
+    assert result["failed"]
+    assert "GPU 6 (00000000:B7:00.0): memory.used: [Unknown Error]" in result["msg"]
+    sick = [g["index"] for g in result["gpu_facts"]["gpus"] if not g["healthy"]]
+    assert sick == [6]
