@@ -1,0 +1,1224 @@
+# Copyright: llamafleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Tensor-split planner: which GPUs, which ``-ts`` split, and does it fit.
+
+Pure logic (no Ansible imports). Inputs are the ``gpu_facts`` and ``gguf_info`` dicts of
+docs/facts.md; the result is the ``plan`` the ``llamafleet.mtp.tensor_split`` module returns.
+
+Every placement rule below follows the llama.cpp tree "T" this project pins (commit 0c1e570,
+vendored in llama-cpp-python 0.3.36); ``file:line`` references are relative to that tree.
+
+Memory model, per device (all sizes in bytes until the MiB report, which rounds each category up):
+
+* weights   - ``blk.N.*`` of the trunk blocks the device holds (layer split). ``token_embd`` is the
+  input layer, which llama.cpp always keeps on the CPU (src/llama-model.cpp:1603-1605: "always keep
+  it on the CPU"), so it never counts against GPU memory; it is reported as ``host_mib``.
+* kv        - K and V cache of the trunk KV layers the device holds. The KV tensor of layer ``il``
+  lives on ``dev_layer(il)`` (src/llama-kv-cache.cpp:216-218), ``kv_size = n_ctx_seq`` cells per
+  stream and ``n_stream = 1`` (unified) or ``n_seq_max`` (src/llama-kv-cache.cpp:84,233-234), each
+  row ``ggml_row_size(type, n_embd_k_gqa)``; quantized types are stored in blocks (q8_0: 34 bytes
+  per 32 values, q4_0: 18 per 32, ...; ggml/src/ggml-common.h). The MTP (nextn) layers are filtered
+  out of the trunk context's cache (src/llama-model.cpp:2797-2803).
+* recurrent - F32 conv + SSM state of the recurrent layers the device holds
+  (src/llama-memory-recurrent.cpp:86-103): ``n_rows = n_seq_max * (1 + n_rs_seq)``, where
+  ``n_rs_seq = --spec-draft-n-max`` when draft-mtp is on (common/common.h:396-401) and the
+  architecture supports partial rollback (src/llama-arch.cpp:1123-1140), else 0
+  (src/llama-context.cpp:105-110).
+* mtp_weights - the nextn blocks (``blk.<trunk_layers>..``). They are loaded only when draft-mtp is
+  requested (``TENSOR_SKIP`` otherwise, src/models/qwen35.cpp:37) and sit on ``dev_layer`` of their
+  block index like any repeating layer.
+* mtp_kv    - the MTP draft context's own KV cache: only the nextn layers
+  (src/llama-model.cpp:2797-2801), at ``--spec-draft-type-k/v`` (default f16,
+  common/speculative.cpp:2478-2479) and the target's total ``n_ctx`` (speculative.cpp:2530).
+* output    - ``output.weight`` (or the duplicated ``token_embd`` when the output is tied,
+  src/models/qwen35.cpp:46-49 and src/llama-model-loader.cpp:1162-1168) + ``output_norm`` + any
+  other global tensor, on ``dev_output = get_layer_buft_list(n_layer_all)``
+  (src/llama-model.cpp:1614).
+* compute   - ESTIMATE of the compute buffers (see ``estimate_compute_bytes``), or the caller's flat
+  ``compute_buffer_mib``.
+* reserve   - free memory left untouched, like llama.cpp's ``--fit-target`` (default 1024 MiB,
+  common/fit.cpp); it also absorbs the CUDA context and cuBLAS workspaces, which llama.cpp does
+  not account for.
+
+Layer placement (layer split): llama.cpp prefix-sums and normalizes ``-ts`` (src/llama-model.cpp:
+1556-1587), then sends "layer" ``il`` in ``0..n_layer_all`` (``n_layer_all`` = block_count, MTP
+blocks included; index ``n_layer_all`` is the output layer) to
+``upper_bound(splits, float(il - i_gpu_start) / act_gpu_layers)`` (src/llama-model.cpp:1589-1599).
+The planner chooses integer ``-ts`` values (one per device: the number of those "layers" it should
+hold) and then re-runs exactly that float32 formula (``simulate_layer_assignment``) and plans from
+the simulated assignment, not from its own intent.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import struct
+
+MIB = 1024 * 1024
+
+# ggml type -> (values per block, bytes per block): ggml/src/ggml-common.h (block_q4_0 = half + 16
+# bytes, block_q8_0 = half + 32 bytes, ...) and the type_traits table in ggml/src/ggml.c.
+CACHE_TYPES = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "iq4_nl": (32, 18),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+}
+UNQUANTIZED_TYPES = frozenset({"f32", "f16", "bf16"})
+# Cheaper cache types suggested when a context does not fit, in order of preference.
+FALLBACK_CACHE_TYPES = ("q8_0", "q4_0")
+
+# Architectures with a draft-mtp graph (the models/*.cpp that honour ml.load_mtp, LLAMACPP.md 2).
+MTP_ARCHS = frozenset(
+    {
+        "qwen35",
+        "qwen35moe",
+        "qwen3next",
+        "glm4moe",
+        "deepseek2",
+        "deepseek32",
+        "deepseek4",
+        "glm-dsa",
+        "glm5-next",
+        "step35",
+        "mimo2",
+        "hy_v3",
+        "bailingmoe3",
+        "cohere2moe",
+        "nemotron_h_moe",
+    }
+)
+# llm_arch_supports_rs_rollback (src/llama-arch.cpp:1123-1140).
+RS_ROLLBACK_ARCHS = frozenset(
+    {
+        "kimi-k3",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "glm5-next",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "lfm2",
+        "lfm2moe",
+        "bailingmoe3",
+    }
+)
+# llm_arch_supports_sm_tensor returns false for these (src/llama-arch.cpp:1142-1177).
+SM_TENSOR_UNSUPPORTED_ARCHS = frozenset(
+    {
+        "grok",
+        "mpt",
+        "plamo2",
+        "minicpm3",
+        "gemma3n",
+        "mamba",
+        "mamba2",
+        "jamba",
+        "falcon-h1",
+        "olmo2",
+        "olmoe",
+        "deepseek2",
+        "deepseek32",
+        "hy_v4",
+        "dots3note",
+        "glm-dsa",
+        "bitnet",
+        "t5",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "granitehybrid",
+        "minimax-01",
+        "minimax-m2",
+        "minimax-m3",
+        "mistral4",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen3tts",
+        "qwen4exp",
+    }
+)
+
+SPLIT_MODES = ("auto", "none", "layer", "tensor")
+DEFAULT_RESERVE_MIB = 1024  # llama.cpp --fit-target default (LLAMACPP.md 3)
+DEFAULT_DRAFT_N_MAX = 2
+DEFAULT_N_UBATCH = 512  # common/common.h:454
+DEFAULT_N_BATCH = 2048  # common/common.h:453
+# ggml_backend_sched keeps this many copies of every split input when pipeline parallelism is on
+# (ggml/src/ggml-backend.cpp:771-773, 1888, 1379-1387); llama.cpp turns it on for a layer split over
+# more than one device with every layer offloaded (src/llama-context.cpp:430-435).
+SCHED_MAX_COPIES = 4
+
+# nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set).
+_LINK_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SOC": 5, "SYS": 5}
+_UNKNOWN_LINK_RANK = 6
+
+
+class PlanError(Exception):
+    """Planning failed; ``details`` carries the numbers (needed vs available, what would fit)."""
+
+    def __init__(self, message, details=None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _pad(x, n):
+    return ((x + n - 1) // n) * n
+
+
+def _mib(nbytes):
+    """Bytes -> MiB, rounded up (a plan must never under-count)."""
+    return int(math.ceil(nbytes / MIB)) if nbytes > 0 else 0
+
+
+def _f32(x):
+    """Round a Python float to IEEE float32, as C++ ``float`` arithmetic does after each operation."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def row_size(cache_type, n_values):
+    """``ggml_row_size``: bytes of ``n_values`` elements of ``cache_type``."""
+    blck, tsize = CACHE_TYPES[cache_type]
+    if n_values % blck:
+        raise PlanError(f"row of {n_values} values is not a multiple of the {cache_type} block size {blck}")
+    return n_values // blck * tsize
+
+
+def _check_cache_type(name, value):
+    if value not in CACHE_TYPES:
+        raise PlanError(f"{name}={value!r} is not a llama.cpp KV cache type; use one of: {', '.join(CACHE_TYPES)}")
+    return value
+
+
+def _int(name, value, minimum=None):
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"{name} must be an integer, got {value!r}")
+    ivalue = value
+    if minimum is not None and ivalue < minimum:
+        raise PlanError(f"{name} must be >= {minimum}, got {ivalue}")
+    return ivalue
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp arithmetic
+
+
+def context_cells(context, parallel, kv_unified=False):
+    """KV geometry llama.cpp derives from ``-c context -np parallel`` (src/llama-context.cpp:290-305).
+
+    ``-c`` is the TOTAL context across all slots: n_ctx is padded to 256; with a unified cache one
+    stream holds all n_ctx cells, otherwise each of ``parallel`` streams holds
+    ``n_ctx_seq = pad(n_ctx / parallel, 256)`` cells. Returns a dict with n_ctx, n_ctx_seq,
+    n_stream and cells (the cells per layer, all streams together).
+    """
+    n_ctx = _pad(context, 256)
+    if kv_unified:
+        n_ctx_seq, n_stream = n_ctx, 1
+    else:
+        n_ctx_seq = _pad(n_ctx // parallel, 256)
+        if n_ctx_seq == 0:
+            raise PlanError(f"context {context} is too small for {parallel} slots (n_ctx_seq == 0)")
+        n_stream = parallel
+        n_ctx = n_ctx_seq * parallel
+    return {"n_ctx": n_ctx, "n_ctx_seq": n_ctx_seq, "n_stream": n_stream, "cells": n_ctx_seq * n_stream}
+
+
+def simulate_layer_assignment(tensor_split, n_layer_all, n_gpu_layers=-1):
+    """Device index llama.cpp gives each layer ``0..n_layer_all`` (the last one is the output layer).
+
+    A float32 re-implementation of src/llama-model.cpp:1556-1614 (split points from ``-ts``:
+    prefix sum, normalize, then ``upper_bound`` of ``float(il - i_gpu_start)/act_gpu_layers``).
+    ``None`` marks a layer left on the CPU. ``n_gpu_layers=-1`` means all (llama-model.cpp:2002-2005).
+    """
+    n_dev = len(tensor_split)
+    if n_dev == 0:
+        raise PlanError("tensor_split is empty")
+    splits = [_f32(float(x)) for x in tensor_split]
+    if any(x < 0 for x in splits) or all(x == 0.0 for x in splits):
+        raise PlanError(f"tensor_split {list(tensor_split)} must be non-negative and not all zero")
+    split_sum = 0.0
+    cumulative = []
+    for value in splits:
+        split_sum = _f32(split_sum + value)
+        cumulative.append(split_sum)
+    cumulative = [_f32(c / split_sum) for c in cumulative]
+    if n_gpu_layers < 0:
+        n_gpu_layers = n_layer_all + 1
+    i_gpu_start = max(n_layer_all + 1 - n_gpu_layers, 0)
+    act_gpu_layers = min(n_gpu_layers, n_layer_all + 1)
+    result = []
+    for il in range(n_layer_all + 1):
+        if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
+            result.append(None)
+            continue
+        x = _f32(_f32(float(il - i_gpu_start)) / _f32(float(act_gpu_layers)))
+        dev = bisect.bisect_right(cumulative, x)
+        if dev >= n_dev:  # devices.at() would throw in llama.cpp; cannot happen for x < 1.0
+            raise PlanError(f"layer {il} maps past the last device for tensor_split {list(tensor_split)}")
+        result.append(dev)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+
+class ModelSpec:
+    """The parts of ``gguf_info`` the planner needs, validated."""
+
+    def __init__(self, gguf):
+        if not isinstance(gguf, dict):
+            raise PlanError("gguf must be the gguf_info dict returned by llamafleet.mtp.gguf_info")
+
+        def need(key, src=gguf, where="gguf"):
+            if key not in src or src[key] is None:
+                raise PlanError(
+                    f"{where} is missing '{key}': pass the `gguf` result of llamafleet.mtp.gguf_info (docs/facts.md)"
+                )
+            return src[key]
+
+        self.name = gguf.get("name") or gguf.get("path") or "model"
+        self.arch = str(need("architecture"))
+        self.n_layer_all = _int("gguf.block_count", need("block_count"), 1)
+        self.n_nextn = _int("gguf.nextn_predict_layers", gguf.get("nextn_predict_layers") or 0, 0)
+        self.n_trunk = self.n_layer_all - self.n_nextn
+        if "trunk_layers" in gguf and gguf["trunk_layers"] is not None and int(gguf["trunk_layers"]) != self.n_trunk:
+            raise PlanError(
+                f"gguf.trunk_layers={gguf['trunk_layers']} disagrees with block_count - nextn_predict_layers "
+                f"= {self.n_trunk}"
+            )
+        self.has_mtp = self.n_nextn > 0
+        self.n_embd = _int("gguf.embedding_length", need("embedding_length"), 1)
+        ff = need("feed_forward_length")
+        self.n_ff = max(int(v) for v in ff) if isinstance(ff, list) else _int("gguf.feed_forward_length", ff, 0)
+        self.n_vocab = _int("gguf.vocab_size", need("vocab_size"), 1)
+        self.head_count_kv = need("head_count_kv")
+        self.key_length = _int("gguf.key_length", need("key_length"), 1)
+        self.value_length = _int("gguf.value_length", need("value_length"), 1)
+        self.context_length = gguf.get("context_length")
+        self.size_bytes = gguf.get("size_bytes")
+
+        self.kv_layers = sorted(int(i) for i in need("kv_layers"))
+        bad = [i for i in self.kv_layers if not 0 <= i < self.n_trunk]
+        if bad:
+            raise PlanError(f"gguf.kv_layers {bad} are not trunk layers (0..{self.n_trunk - 1})")
+
+        rec = gguf.get("recurrent")
+        self.recurrent_layers = []
+        self.state_bytes_per_layer = 0
+        if rec:
+            self.recurrent_layers = sorted(int(i) for i in need("layers", rec, "gguf.recurrent"))
+            sbpl = rec.get("state_bytes_per_layer")
+            if sbpl is None:
+                # n_embd_r + n_embd_s floats (src/llama-hparams.cpp:208-258), F32
+                d_conv = int(need("conv_kernel", rec, "gguf.recurrent"))
+                d_inner = int(need("inner_size", rec, "gguf.recurrent"))
+                d_state = int(need("state_size", rec, "gguf.recurrent"))
+                n_group = int(need("group_count", rec, "gguf.recurrent"))
+                sbpl = 4 * ((d_conv - 1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
+            self.state_bytes_per_layer = int(sbpl)
+
+        tb = need("tensor_bytes")
+        per_layer = need("per_layer", tb, "gguf.tensor_bytes")
+        if len(per_layer) != self.n_layer_all:
+            raise PlanError(
+                f"gguf.tensor_bytes.per_layer has {len(per_layer)} entries, expected block_count={self.n_layer_all}"
+            )
+        self.layer_bytes = [int(x) for x in per_layer]
+        self.token_embd_bytes = int(tb.get("token_embd") or 0)
+        output = int(tb.get("output") or 0)
+        # A tied output loads token_embd a second time as the output tensor, on the output device
+        # (TENSOR_DUPLICATED, src/models/qwen35.cpp:46-49; src/llama-model-loader.cpp:1162-1168).
+        self.output_tied = output == 0
+        self.output_bytes = (
+            (output or self.token_embd_bytes) + int(tb.get("output_norm") or 0) + int(tb.get("other") or 0)
+        )
+
+    def n_head_kv(self, il):
+        if isinstance(self.head_count_kv, list):
+            return int(self.head_count_kv[il]) if il < len(self.head_count_kv) else 0
+        return int(self.head_count_kv)
+
+    def kv_bytes_per_cell(self, il, ctk, ctv):
+        """K + V bytes per cache cell of layer ``il`` (n_embd_k_gqa = key_length * n_head_kv)."""
+        nkv = self.n_head_kv(il)
+        return row_size(ctk, self.key_length * nkv) + row_size(ctv, self.value_length * nkv)
+
+    def max_kv_width(self):
+        return max((self.n_head_kv(il) for il in self.kv_layers), default=0)
+
+
+# --------------------------------------------------------------------------------------------
+# settings
+
+
+class Settings:
+    """Validated planning inputs (the module's options, minus the facts)."""
+
+    def __init__(
+        self,
+        model,
+        context,
+        cache_type_k="f16",
+        cache_type_v="f16",
+        parallel=1,
+        mtp=None,
+        draft_n_max=DEFAULT_DRAFT_N_MAX,
+        draft_cache_type_k="f16",
+        draft_cache_type_v="f16",
+        reserve_mib=DEFAULT_RESERVE_MIB,
+        compute_buffer_mib=None,
+        split_mode="auto",
+        force_tensor_split=False,
+        kv_unified=False,
+        n_ubatch=DEFAULT_N_UBATCH,
+        n_batch=DEFAULT_N_BATCH,
+    ):
+        self.context = _int("context", context, 1)
+        self.cache_type_k = _check_cache_type("cache_type_k", cache_type_k)
+        self.cache_type_v = _check_cache_type("cache_type_v", cache_type_v)
+        self.parallel = _int("parallel", parallel, 1)
+        self.draft_n_max = _int("draft_n_max", draft_n_max, 0)
+        self.draft_cache_type_k = _check_cache_type("draft_cache_type_k", draft_cache_type_k)
+        self.draft_cache_type_v = _check_cache_type("draft_cache_type_v", draft_cache_type_v)
+        self.reserve_mib = _int("reserve_mib", reserve_mib, 0)
+        self.compute_buffer_mib = (
+            None if compute_buffer_mib is None else _int("compute_buffer_mib", compute_buffer_mib, 0)
+        )
+        self.force_tensor_split = bool(force_tensor_split)
+        self.kv_unified = bool(kv_unified)
+        self.n_ubatch = _int("n_ubatch", n_ubatch, 1)
+        self.n_batch = _int("n_batch", n_batch, 1)
+        if split_mode not in SPLIT_MODES:
+            raise PlanError(f"split_mode={split_mode!r} is not one of {', '.join(SPLIT_MODES)}")
+        self.split_mode = split_mode
+
+        if mtp is None:
+            mtp = model.has_mtp and model.arch in MTP_ARCHS
+        self.mtp = bool(mtp)
+        if self.mtp and not model.has_mtp:
+            # llama.cpp: "context type MTP requested but model doesn't contain MTP layers" (llama-context.cpp:3883)
+            raise PlanError(
+                f"mtp=true but {model.name} has no MTP (nextn) layers (nextn_predict_layers=0); "
+                "set mtp=false or use a GGUF that includes the MTP head"
+            )
+        if self.mtp and model.arch not in MTP_ARCHS:
+            raise PlanError(
+                f"mtp=true but llama.cpp has no draft-mtp graph for architecture '{model.arch}' "
+                f"(supported: {', '.join(sorted(MTP_ARCHS))}); set mtp=false"
+            )
+        if split_mode == "tensor":
+            if self.mtp and not self.force_tensor_split:
+                raise PlanError(
+                    "split_mode=tensor with MTP is refused: llama.cpp issues #23294, #23657, #24366, #24440 and "
+                    "#25829 report crashes of draft-mtp with -sm tensor. Use split_mode=layer (or auto), or set "
+                    "force_tensor_split=true to accept the risk"
+                )
+            if model.arch in SM_TENSOR_UNSUPPORTED_ARCHS:
+                raise PlanError(
+                    f"split_mode=tensor is not implemented in llama.cpp for architecture '{model.arch}' "
+                    "(src/llama-arch.cpp:1142-1177); use split_mode=layer"
+                )
+            quantized = [t for t in (self.cache_type_k, self.cache_type_v) if t not in UNQUANTIZED_TYPES]
+            if quantized:
+                raise PlanError(
+                    f"split_mode=tensor needs an unquantized KV cache (f32/f16/bf16), got {'/'.join(quantized)}; "
+                    "use split_mode=layer or f16 cache types"
+                )
+
+        # n_rs_seq (common/common.h:396-401; src/llama-context.cpp:105-110)
+        self.n_rs_seq = self.draft_n_max if (self.mtp and model.arch in RS_ROLLBACK_ARCHS) else 0
+        self.cells = context_cells(self.context, self.parallel, self.kv_unified)
+        # cparams.n_batch = min(n_ctx, n_batch) for causal models, n_ubatch = min(n_batch, n_ubatch)
+        self.ubatch = min(self.n_ubatch, self.n_batch, self.cells["n_ctx"])
+        # server_output_limits (tools/server/server-context.cpp:41-53, common/speculative.cpp:2586-2595)
+        self.n_outputs = min(self.n_batch, self.parallel * (1 + (self.draft_n_max if self.mtp else 0)))
+
+    def with_changes(self, model, **changes):
+        kwargs = {
+            "context": self.context,
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "parallel": self.parallel,
+            "mtp": self.mtp,
+            "draft_n_max": self.draft_n_max,
+            "draft_cache_type_k": self.draft_cache_type_k,
+            "draft_cache_type_v": self.draft_cache_type_v,
+            "reserve_mib": self.reserve_mib,
+            "compute_buffer_mib": self.compute_buffer_mib,
+            "split_mode": self.split_mode,
+            "force_tensor_split": self.force_tensor_split,
+            "kv_unified": self.kv_unified,
+            "n_ubatch": self.n_ubatch,
+            "n_batch": self.n_batch,
+        }
+        kwargs.update(changes)
+        return Settings(model, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# per-layer costs and the compute estimate
+
+CATEGORIES = ("weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output")
+
+
+def layer_costs(model, s):
+    """Bytes by category for each llama.cpp "layer" 0..n_layer_all (the last one is the output layer)."""
+    cells = s.cells["cells"]
+    kv_set = set(model.kv_layers)
+    rec_set = set(model.recurrent_layers)
+    rows = max(1, s.parallel) * (1 + s.n_rs_seq)
+    costs = []
+    for il in range(model.n_layer_all):
+        c = dict.fromkeys(CATEGORIES, 0)
+        if il < model.n_trunk:
+            c["weights"] = model.layer_bytes[il]
+            if il in kv_set:
+                c["kv"] = cells * model.kv_bytes_per_cell(il, s.cache_type_k, s.cache_type_v)
+            if il in rec_set:
+                c["recurrent"] = rows * model.state_bytes_per_layer
+        elif s.mtp:
+            c["mtp_weights"] = model.layer_bytes[il]
+            # the MTP context has the same n_ctx and n_seq_max as the target (speculative.cpp:2530)
+            c["mtp_kv"] = cells * model.kv_bytes_per_cell(il, s.draft_cache_type_k, s.draft_cache_type_v)
+        elif model.arch not in MTP_ARCHS:
+            # archs without a draft-mtp graph do not skip nextn tensors: count them (conservative)
+            c["mtp_weights"] = model.layer_bytes[il]
+        costs.append(c)
+    out = dict.fromkeys(CATEGORIES, 0)
+    out["output"] = model.output_bytes
+    costs.append(out)
+    return costs
+
+
+def estimate_compute_bytes(model, s, *, has_kv, has_output, has_mtp, receives_hidden, pipeline):
+    """ESTIMATE of one device's compute buffers (the trunk context, plus the MTP context's on its device).
+
+    It is a sum of the terms that grow with the settings, taken from T's graph and allocator code,
+    plus a per-ubatch activation term that is a rough rule of thumb, not a measurement:
+
+    * activations: ``n_ubatch * 4 B * (3 * n_ff + 8 * n_embd)`` - FFN gate/up/product and a few
+      n_embd-wide F32 tensors alive at once; ggml-alloc reuses them from layer to layer, so this does
+      not grow with the number of layers (ESTIMATE, not derived from an allocator run).
+    * KQ mask: F16 ``n_ctx_seq x n_ubatch`` (src/llama-graph.cpp:982) on every device with attention
+      layers; with pipeline parallelism the scheduler keeps SCHED_MAX_COPIES copies of each split
+      input (ggml/src/ggml-backend.cpp:1379-1387, 1888).
+    * flash attention with a quantized K or V: the CUDA batch kernels convert the whole K/V view to
+      F16 inside the compute buffer (ggml/src/ggml-cuda/fattn.cu:722-756,
+      fattn-common.cuh:53-86): ``cells * n_embd_gqa * 2`` bytes each for K and V.
+    * logits: ``n_outputs * n_vocab * 4`` on the output device (server caps n_outputs at
+      ``parallel * (1 + draft_n_max)``, tools/server/server-context.cpp:41-53).
+    * hidden state handed from the previous device: ``n_ubatch * n_embd * 4`` per copy.
+    * the MTP context (on the MTP device): another activation term, its own mask copies and, for a
+      quantized draft cache, its own F16 conversion.
+    """
+    ub = s.ubatch
+    copies = SCHED_MAX_COPIES if pipeline else 1
+    act = ub * 4 * (3 * model.n_ff + 8 * model.n_embd)
+    mask = s.cells["n_ctx_seq"] * ub * 2
+    width = model.max_kv_width()
+    total = act
+    if has_kv:
+        total += copies * mask
+        if s.cache_type_k not in UNQUANTIZED_TYPES:
+            total += s.cells["cells"] * model.key_length * width * 2
+        if s.cache_type_v not in UNQUANTIZED_TYPES:
+            total += s.cells["cells"] * model.value_length * width * 2
+    if receives_hidden:
+        total += copies * ub * model.n_embd * 4
+    if has_output:
+        total += s.n_outputs * model.n_vocab * 4
+    if has_mtp:
+        total += act + copies * mask + s.n_outputs * model.n_vocab * 4
+        nkv = max(model.n_head_kv(il) for il in range(model.n_trunk, model.n_layer_all))
+        if s.draft_cache_type_k not in UNQUANTIZED_TYPES:
+            total += s.cells["cells"] * model.key_length * nkv * 2
+        if s.draft_cache_type_v not in UNQUANTIZED_TYPES:
+            total += s.cells["cells"] * model.value_length * nkv * 2
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# one instance on a given ordered GPU set
+
+
+class _Layout:
+    """Prefix sums over the layer costs, to price any contiguous run of layers quickly."""
+
+    def __init__(self, model, s):
+        self.model = model
+        self.s = s
+        self.costs = layer_costs(model, s)
+        self.n = len(self.costs)  # n_layer_all + 1
+        self.prefix = [0]
+        self.kv_prefix = [0]
+        kv_set = set(model.kv_layers)
+        for il, c in enumerate(self.costs):
+            self.prefix.append(self.prefix[-1] + sum(c.values()))
+            self.kv_prefix.append(self.kv_prefix[-1] + (1 if il in kv_set else 0))
+        self.mtp_first = model.n_trunk if (s.mtp and model.has_mtp) else None
+        self._compute_cache = {}
+        self.split_cache = {}
+
+    def flags(self, a, b):
+        return {
+            "has_kv": self.kv_prefix[b] - self.kv_prefix[a] > 0,
+            "has_output": a <= self.n - 1 < b,
+            "has_mtp": self.mtp_first is not None and a <= self.mtp_first < b,
+        }
+
+    def compute(self, a, b, position, pipeline):
+        if self.s.compute_buffer_mib is not None:
+            return self.s.compute_buffer_mib * MIB
+        flags = self.flags(a, b)
+        key = (flags["has_kv"], flags["has_output"], flags["has_mtp"], position > 0, pipeline)
+        if key not in self._compute_cache:
+            self._compute_cache[key] = estimate_compute_bytes(
+                self.model, self.s, receives_hidden=position > 0, pipeline=pipeline, **flags
+            )
+        return self._compute_cache[key]
+
+    def need(self, a, b, position, pipeline):
+        return self.prefix[b] - self.prefix[a] + self.compute(a, b, position, pipeline) + self.s.reserve_mib * MIB
+
+
+def _balanced_counts(layout, free_bytes):
+    """Contiguous layer counts per device (each >= 1): minimize the worst needed/free ratio (exact DP),
+    ties broken towards an even spread (smaller sum of squared ratios)."""
+    k, n = len(free_bytes), layout.n
+    pipeline = k > 1
+    big = 1e9  # a device with no free memory
+
+    def ratio(a, b, i):
+        return layout.need(a, b, i, pipeline) / free_bytes[i] if free_bytes[i] > 0 else big
+
+    # best[i][b]: (worst ratio, sum of squares) placing layers [0, b) on devices 0..i
+    best = [[None] * (n + 1) for _ in range(k)]
+    back = [[-1] * (n + 1) for _ in range(k)]
+    for b in range(1, n - k + 2):
+        r = ratio(0, b, 0)
+        best[0][b] = (r, r * r)
+        back[0][b] = 0
+    for i in range(1, k):
+        for b in range(i + 1, n - (k - 1 - i) + 1):
+            for a in range(i, b):
+                prev = best[i - 1][a]
+                if prev is None:
+                    continue
+                r = ratio(a, b, i)
+                cand = (max(prev[0], r), prev[1] + r * r)
+                if best[i][b] is None or cand < best[i][b]:
+                    best[i][b] = cand
+                    back[i][b] = a
+    counts = []
+    b = n
+    for i in range(k - 1, -1, -1):
+        a = back[i][b]
+        counts.append(b - a)
+        b = a
+    counts.reverse()
+    return counts
+
+
+def _device_plan(layout, gpu, a, b, position, pipeline, bytes_by_cat):
+    s = layout.s
+    compute = layout.compute(a, b, position, pipeline) if b > a else 0
+    entry = {"device": gpu["index"], "name": gpu.get("name")}
+    for cat in CATEGORIES:
+        entry[f"{cat}_mib"] = _mib(bytes_by_cat[cat])
+    entry["compute_mib"] = _mib(compute)
+    entry["reserve_mib"] = s.reserve_mib
+    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in (*CATEGORIES, "compute", "reserve"))
+    free = int(gpu.get("memory_free_mib") or 0)
+    entry["free_before_mib"] = free
+    # expected free memory once llama-server runs (the reserve is not consumed)
+    entry["free_after_mib"] = free - (entry["total_mib"] - s.reserve_mib)
+    entry["fits"] = entry["total_mib"] <= free
+    return entry
+
+
+def plan_instance(model, s, gpus, layout=None):
+    """Plan one llama-server instance on the ordered GPU list ``gpus`` (gpu_facts entries)."""
+    layout = layout or _Layout(model, s)
+    k = len(gpus)
+    n = layout.n
+    if k == 1 or s.split_mode == "none":
+        gpus = gpus[:1]
+        return _assemble(layout, gpus, [0] * n, None, "none")
+    if s.split_mode == "tensor":
+        return _plan_tensor(layout, gpus)
+    free = tuple(int(g.get("memory_free_mib") or 0) * MIB for g in gpus)
+    if free not in layout.split_cache:  # the split depends only on the free memory, in order
+        layout.split_cache[free] = _balanced_counts(layout, free)
+    counts = layout.split_cache[free]
+    ts = list(counts)
+    assignment = simulate_layer_assignment(ts, model.n_layer_all)
+    return _assemble(layout, gpus, assignment, ts, "layer")
+
+
+def _assemble(layout, gpus, assignment, ts, split_mode):
+    model, s = layout.model, layout.s
+    k = len(gpus)
+    pipeline = split_mode == "layer" and k > 1
+    per_device = []
+    layers = []
+    for pos, gpu in enumerate(gpus):
+        idx = [il for il, d in enumerate(assignment) if d == pos]
+        a, b = (idx[0], idx[-1] + 1) if idx else (0, 0)
+        if idx and idx != list(range(a, b)):
+            raise PlanError("internal: llama.cpp assignment is not contiguous")  # cannot happen (monotone)
+        by_cat = dict.fromkeys(CATEGORIES, 0)
+        for il in idx:
+            for cat, v in layout.costs[il].items():
+                by_cat[cat] += v
+        per_device.append(_device_plan(layout, gpu, a, b, pos, pipeline, by_cat))
+        blocks = [il for il in idx if il < model.n_layer_all]
+        layers.append(
+            {
+                "device": gpu["index"],
+                "cuda_index": pos,
+                "count": len(idx),
+                "first": idx[0] if idx else None,
+                "last": idx[-1] if idx else None,
+                "blocks": len(blocks),
+                "trunk_blocks": len([il for il in blocks if il < model.n_trunk]),
+                "kv_layers": len([il for il in blocks if il in set(model.kv_layers)]),
+                "recurrent_layers": len([il for il in blocks if il in set(model.recurrent_layers)]),
+                "holds_mtp": any(il >= model.n_trunk for il in blocks) and s.mtp,
+                "holds_output": model.n_layer_all in idx,
+            }
+        )
+    return _instance(layout, gpus, ts, split_mode, per_device, layers)
+
+
+def _plan_tensor(layout, gpus):
+    """-sm tensor: every device holds its -ts share of each layer (an approximation; see module docs)."""
+    free = [int(g.get("memory_free_mib") or 0) for g in gpus]
+    total_free = sum(free) or 1
+    ts = [max(1, round(100 * f / total_free)) for f in free]
+    share = [t / sum(ts) for t in ts]
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for c in layout.costs:
+        for cat, v in c.items():
+            totals[cat] += v
+    per_device, layers = [], []
+    for pos, gpu in enumerate(gpus):
+        by_cat = {cat: int(math.ceil(v * share[pos])) for cat, v in totals.items()}
+        per_device.append(_device_plan(layout, gpu, 0, layout.n, 0, False, by_cat))
+        layers.append(
+            {
+                "device": gpu["index"],
+                "cuda_index": pos,
+                "count": layout.n,
+                "first": 0,
+                "last": layout.n - 1,
+                "blocks": layout.model.n_layer_all,
+                "trunk_blocks": layout.model.n_trunk,
+                "kv_layers": len(layout.model.kv_layers),
+                "recurrent_layers": len(layout.model.recurrent_layers),
+                "holds_mtp": layout.s.mtp,
+                "holds_output": True,
+                "share": round(share[pos], 4),
+            }
+        )
+    # compute: estimate_compute_bytes counts a whole device's buffers on each device (no pipeline copies)
+    return _instance(layout, gpus, ts, "tensor", per_device, layers)
+
+
+def _instance(layout, gpus, ts, split_mode, per_device, layers):
+    model, s = layout.model, layout.s
+    n_gpu_layers = model.n_layer_all + 1
+    inst = {
+        "devices": [g["index"] for g in gpus],
+        "cuda_visible_devices": ",".join(str(g["index"]) for g in gpus),
+        "tensor_split": ts,
+        "tensor_split_arg": ",".join(str(t) for t in ts) if ts else None,
+        "split_mode": split_mode,
+        "main_gpu": 0,
+        "n_gpu_layers": n_gpu_layers,
+        "layers": layers,
+        "per_device": per_device,
+        "fits": all(d["fits"] for d in per_device),
+        "required_mib": sum(d["total_mib"] for d in per_device),
+        "available_mib": sum(d["free_before_mib"] for d in per_device),
+        "host_mib": _mib(model.token_embd_bytes),
+    }
+    inst["llama_args"] = _llama_args(model, s, inst)
+    return inst
+
+
+def _llama_args(model, s, inst):
+    args = ["-c", str(s.cells["n_ctx"]), "-np", str(s.parallel)]
+    args += ["-ctk", s.cache_type_k, "-ctv", s.cache_type_v]
+    if inst is None:
+        args += ["-ngl", "0"]
+    else:
+        args += ["-ngl", str(inst["n_gpu_layers"]), "-sm", inst["split_mode"], "-mg", str(inst["main_gpu"])]
+        if inst["tensor_split_arg"]:
+            args += ["-ts", inst["tensor_split_arg"]]
+    if s.kv_unified:
+        args.append("--kv-unified")
+    if s.mtp:
+        # The speculative type's spelling (mtp / draft-mtp) depends on the binary: the server role
+        # adds it from the capability probe. Only the draft context's cache types belong to the plan.
+        args += ["--spec-draft-n-max", str(s.draft_n_max), "-ctkd", s.draft_cache_type_k, "-ctvd", s.draft_cache_type_v]
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# GPU selection
+
+
+def _link_rank(code):
+    if not isinstance(code, str):
+        return _UNKNOWN_LINK_RANK
+    code = code.strip().upper()
+    if code.startswith("NV") and code[2:].isdigit():
+        return _LINK_RANK["NV"]
+    return _LINK_RANK.get(code, _UNKNOWN_LINK_RANK)
+
+
+def _link(matrix, i, j):
+    try:
+        return matrix[i][j]
+    except (IndexError, KeyError, TypeError):
+        return None
+
+
+def _group_key(group, matrix):
+    """Sort key: worst link inside the set (NV# < PIX < PXB < PHB < NODE < SYS), then one NUMA node,
+    then most free memory, then lowest indices."""
+    worst, worst_code = -1, None
+    for a, b in itertools.combinations(group, 2):
+        code = _link(matrix, a["index"], b["index"])
+        rank = _link_rank(code)
+        if rank > worst:
+            worst, worst_code = rank, code
+    numas = {g.get("numa_node") for g in group}
+    one_numa = 0 if (len(numas) == 1 and None not in numas) or len(group) == 1 else 1
+    free = sum(int(g.get("memory_free_mib") or 0) for g in group)
+    return (max(worst, 0), one_numa, -free, [g["index"] for g in group]), worst_code
+
+
+def usable_gpus(gpu_facts, devices=None):
+    """(usable GPUs, skipped notes) from gpu_facts: drops MIG-enabled and unhealthy GPUs, honours ``devices``."""
+    if not isinstance(gpu_facts, dict):
+        raise PlanError("gpu_facts must be the dict gathered by llamafleet.mtp.gpu_facts (docs/facts.md)")
+    gpus = gpu_facts.get("gpus") or []
+    by_index = {}
+    for g in gpus:
+        if "index" not in g:
+            raise PlanError("gpu_facts.gpus entries need an 'index' (docs/facts.md)")
+        by_index[int(g["index"])] = g
+    skipped = []
+    pool = sorted(by_index)
+    if devices is not None:
+        if not devices:
+            raise PlanError("devices is an empty list: omit it to plan on all GPUs, or list GPU indices")
+        wanted = [_int("devices[]", d, 0) for d in devices]
+        missing = [d for d in wanted if d not in by_index]
+        if missing:
+            raise PlanError(
+                f"devices {missing} are not GPUs on this host (nvidia-smi lists {sorted(by_index) or 'none'})"
+            )
+        pool = sorted(set(wanted))
+    usable = []
+    for i in pool:
+        g = by_index[i]
+        if str(g.get("mig_mode") or "").lower() == "enabled":
+            skipped.append(
+                {"index": i, "reason": "MIG mode is enabled (llama.cpp would see MIG instances, not the GPU)"}
+            )
+        elif g.get("healthy") is False:
+            skipped.append({"index": i, "reason": f"not healthy: {g.get('error') or 'nvidia-smi reported an error'}"})
+        elif g.get("memory_free_mib") is None:
+            skipped.append({"index": i, "reason": "nvidia-smi did not report free memory"})
+        else:
+            usable.append(g)
+    return usable, skipped
+
+
+def _candidate_groups(pool, size, matrix):
+    keyed = []
+    for combo in itertools.combinations(pool, size):
+        key, worst_code = _group_key(combo, matrix)
+        keyed.append((key, list(combo), worst_code))
+    keyed.sort(key=lambda t: t[0])
+    return keyed
+
+
+def find_group(model, s, pool, matrix, max_gpus):
+    """Smallest fitting GPU set from ``pool`` by preference; returns (instance, worst_link) or (None, None)."""
+    sizes = range(1, min(max_gpus, len(pool)) + 1)
+    if s.split_mode == "none":
+        sizes = range(1, min(1, len(pool)) + 1)
+    layout = _Layout(model, s)
+    for size in sizes:
+        bound = layout.prefix[-1] / MIB + size * s.reserve_mib
+        for _key, group, worst_code in _candidate_groups(pool, size, matrix):
+            if sum(int(g["memory_free_mib"]) for g in group) < bound:
+                continue
+            inst = plan_instance(model, s, group, layout)
+            if inst["fits"]:
+                return inst, worst_code
+    return None, None
+
+
+# --------------------------------------------------------------------------------------------
+# top level
+
+
+def _explain_model(model, s):
+    cells = s.cells
+    kvb = sum(model.kv_bytes_per_cell(il, s.cache_type_k, s.cache_type_v) for il in model.kv_layers)
+    lines = [
+        f"Model {model.name} ({model.arch}): {model.n_layer_all} blocks = {model.n_trunk} trunk + {model.n_nextn} MTP; "
+        f"{len(model.kv_layers)} KV layers, {len(model.recurrent_layers)} recurrent layers.",
+        f"Context: -c {s.context} -> n_ctx {cells['n_ctx']} over {s.parallel} slot(s) "
+        f"({cells['n_stream']} stream(s) of {cells['n_ctx_seq']} cells); KV {s.cache_type_k}/{s.cache_type_v} = "
+        f"{kvb} bytes per cell over all KV layers = {_mib(kvb * cells['cells'])} MiB.",
+    ]
+    if s.mtp:
+        rows = s.parallel * (1 + s.n_rs_seq)
+        lines.append(
+            f"MTP on (--spec-type draft-mtp, --spec-draft-n-max {s.draft_n_max}): MTP KV at "
+            f"{s.draft_cache_type_k}/{s.draft_cache_type_v}; recurrent state rows = {s.parallel} x (1 + {s.n_rs_seq}) "
+            f"= {rows}."
+        )
+    else:
+        lines.append("MTP off: nextn tensors are not loaded." if model.has_mtp else "Model has no MTP head.")
+    if s.compute_buffer_mib is None:
+        lines.append(
+            "Compute buffers are an ESTIMATE (activations + KQ mask copies + F16 K/V conversion for quantized "
+            "caches); the reserve absorbs the CUDA context and estimation error."
+        )
+    else:
+        lines.append(f"Compute buffers: flat {s.compute_buffer_mib} MiB per device (given).")
+    return lines
+
+
+def _explain_instance(model, inst, worst_code, n):
+    lines = []
+    devs = inst["cuda_visible_devices"]
+    if inst["split_mode"] == "none":
+        d = inst["per_device"][0]
+        lines.append(
+            f"Instance {n}: GPU {devs} alone ({d['name']}): needs {d['total_mib']} MiB incl. {d['reserve_mib']} MiB "
+            f"reserve, {d['free_before_mib']} MiB free -> -sm none, no -ts."
+        )
+    else:
+        link = f"worst link {worst_code}" if worst_code else "link unknown"
+        lines.append(
+            f"Instance {n}: no smaller GPU set fits; GPUs {devs} ({link}) with -sm {inst['split_mode']} "
+            f"-ts {inst['tensor_split_arg']}."
+        )
+        if inst["split_mode"] == "layer":
+            for lay, d in zip(inst["layers"], inst["per_device"], strict=True):
+                extra = []
+                if lay["holds_mtp"]:
+                    extra.append("MTP block")
+                if lay["holds_output"]:
+                    extra.append("output")
+                blocks = (
+                    f"blocks {lay['first']}-{min(lay['last'], model.n_layer_all - 1)}" if lay["blocks"] else "no blocks"
+                )
+                lines.append(
+                    f"  CUDA{lay['cuda_index']} = GPU {lay['device']}: {blocks}"
+                    + (f" + {' + '.join(extra)}" if extra else "")
+                    + f"; {d['total_mib']} of {d['free_before_mib']} MiB free "
+                    f"(weights {d['weights_mib']}, KV {d['kv_mib']}, compute {d['compute_mib']})."
+                )
+            lines.append(
+                "  Layer ranges are llama.cpp's own assignment for this -ts, re-computed with its float32 "
+                "formula (src/llama-model.cpp:1556-1614)."
+            )
+    return lines
+
+
+def _failure_numbers(inst):
+    return [
+        {
+            "device": d["device"],
+            "needed_mib": d["total_mib"],
+            "available_mib": d["free_before_mib"],
+            "short_mib": max(0, d["total_mib"] - d["free_before_mib"]),
+        }
+        for d in inst["per_device"]
+    ]
+
+
+def _fits_anywhere(model, s, pool, matrix, max_gpus):
+    inst, _ = find_group(model, s, pool, matrix, max_gpus)
+    return inst is not None
+
+
+def _suggest(model, s, pool, matrix, max_gpus):
+    """What would fit: the largest context (multiple of 256) at these cache types, cheaper cache types."""
+    out = {"max_context": None, "cache_types": []}
+    lo_ctx = 256 * s.parallel
+    if lo_ctx < s.context and _fits_anywhere(model, s.with_changes(model, context=lo_ctx), pool, matrix, max_gpus):
+        lo, hi = lo_ctx // 256, s.context // 256  # lo fits; hi (or above) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _fits_anywhere(model, s.with_changes(model, context=mid * 256), pool, matrix, max_gpus):
+                lo = mid
+            else:
+                hi = mid
+        out["max_context"] = lo * 256
+
+    def per_value(name):
+        return CACHE_TYPES[name][1] / CACHE_TYPES[name][0]
+
+    bytes_now = per_value(s.cache_type_k) + per_value(s.cache_type_v)
+    for t in FALLBACK_CACHE_TYPES:
+        if 2 * per_value(t) >= bytes_now:
+            continue
+        try:
+            alt = s.with_changes(model, cache_type_k=t, cache_type_v=t)
+        except PlanError:
+            continue
+        if _fits_anywhere(model, alt, pool, matrix, max_gpus):
+            out["cache_types"].append(t)
+    return out
+
+
+def plan(
+    gpu_facts,
+    gguf,
+    context=None,
+    cache_type_k="f16",
+    cache_type_v="f16",
+    parallel=1,
+    mtp=None,
+    draft_n_max=DEFAULT_DRAFT_N_MAX,
+    draft_cache_type_k="f16",
+    draft_cache_type_v="f16",
+    reserve_mib=DEFAULT_RESERVE_MIB,
+    compute_buffer_mib=None,
+    devices=None,
+    max_gpus=None,
+    replicas=1,
+    split_mode="auto",
+    force_tensor_split=False,
+    cpu_ok=None,
+    kv_unified=False,
+    n_ubatch=DEFAULT_N_UBATCH,
+):
+    """Plan llama-server instance(s) for ``gguf`` on the host described by ``gpu_facts``.
+
+    Raises PlanError (with ``details``: needed vs available per GPU, and what would fit) when the
+    model does not fit; the returned dict is documented in the tensor_split module's RETURN block.
+    """
+    model = ModelSpec(gguf)
+    if context is None:
+        # llama-server -c 0: the model's training context (src/llama-context.cpp:133)
+        if not model.context_length:
+            raise PlanError("context is not set and the GGUF has no context_length; set context")
+        context = model.context_length
+    s = Settings(
+        model,
+        context,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        parallel=parallel,
+        mtp=mtp,
+        draft_n_max=draft_n_max,
+        draft_cache_type_k=draft_cache_type_k,
+        draft_cache_type_v=draft_cache_type_v,
+        reserve_mib=reserve_mib,
+        compute_buffer_mib=compute_buffer_mib,
+        split_mode=split_mode,
+        force_tensor_split=force_tensor_split,
+        kv_unified=kv_unified,
+        n_ubatch=n_ubatch,
+    )
+    if replicas != "auto":
+        replicas = _int("replicas", replicas, 1)
+    if max_gpus is not None:
+        max_gpus = _int("max_gpus", max_gpus, 1)
+
+    pool, skipped = usable_gpus(gpu_facts, devices)
+    count = int(gpu_facts.get("count") or len(gpu_facts.get("gpus") or []))
+    matrix = (gpu_facts.get("topology") or {}).get("matrix")
+    explanation = _explain_model(model, s)
+    for sk in skipped:
+        explanation.append(f"Skipped GPU {sk['index']}: {sk['reason']}.")
+    settings = {
+        "context": s.context,
+        "n_ctx": s.cells["n_ctx"],
+        "n_ctx_seq": s.cells["n_ctx_seq"],
+        "kv_cells": s.cells["cells"],
+        "parallel": s.parallel,
+        "cache_type_k": s.cache_type_k,
+        "cache_type_v": s.cache_type_v,
+        "mtp": s.mtp,
+        "draft_n_max": s.draft_n_max,
+        "draft_cache_type_k": s.draft_cache_type_k,
+        "draft_cache_type_v": s.draft_cache_type_v,
+        "recurrent_rows": s.parallel * (1 + s.n_rs_seq) if model.recurrent_layers else 0,
+        "reserve_mib": s.reserve_mib,
+        "compute_buffer_mib": s.compute_buffer_mib,
+        "compute_estimated": s.compute_buffer_mib is None,
+        "split_mode": s.split_mode,
+        "replicas": replicas,
+    }
+    result = {"fits": False, "mode": "gpu", "instances": [], "skipped": skipped, "settings": settings}
+
+    if not pool:
+        if cpu_ok is None:
+            cpu_ok = count == 0
+        if not cpu_ok:
+            why = (
+                "no GPUs"
+                if count == 0
+                else "no usable GPU (" + "; ".join(f"GPU {sk['index']}: {sk['reason']}" for sk in skipped) + ")"
+            )
+            raise PlanError(
+                f"Nothing to plan on: {why}. Set cpu_ok=true to plan a CPU-only llama-server, or fix the GPUs.",
+                {"skipped": skipped},
+            )
+        return _cpu_plan(model, s, result, explanation, count)
+
+    max_gpus = min(max_gpus or len(pool), len(pool))
+    if s.split_mode == "none":
+        max_gpus = 1
+
+    instances = []
+    remaining = list(pool)
+    target = None if replicas == "auto" else replicas
+    while remaining and (target is None or len(instances) < target):
+        inst, worst = find_group(model, s, remaining, matrix, max_gpus)
+        if inst is None:
+            break
+        instances.append(inst)
+        explanation += _explain_instance(model, inst, worst, len(instances))
+        used = set(inst["devices"])
+        remaining = [g for g in remaining if g["index"] not in used]
+
+    if not instances or (target is not None and len(instances) < target):
+        raise _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped)
+
+    result["fits"] = True
+    result["instances"] = instances
+    if replicas == "auto" or (target and target > 1):
+        left = [g["index"] for g in remaining]
+        explanation.append(
+            f"{len(instances)} replica(s) on disjoint GPU sets" + (f"; GPUs {left} left unused." if left else ".")
+        )
+    result["explanation"] = explanation
+    return result
+
+
+def _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped):
+    if instances:
+        msg = (
+            f"replicas={target} requested but only {len(instances)} disjoint GPU set(s) can each hold "
+            f"{model.name} at context {s.context}: "
+            + ", ".join(f"[{i['cuda_visible_devices']}]" for i in instances)
+            + ". Lower replicas (or use replicas=auto), or the context/cache types."
+        )
+        return PlanError(msg, {"instances": instances, "skipped": skipped})
+    # best effort on the largest allowed set, to report numbers
+    best = None
+    for size in range(min(max_gpus, len(pool)), 0, -1):
+        groups = _candidate_groups(pool, size, matrix)
+        if groups:
+            best = plan_instance(model, s, groups[0][1])
+            break
+    numbers = _failure_numbers(best) if best else []
+    sugg = _suggest(model, s, pool, matrix, max_gpus)
+    parts = [
+        f"{model.name} does not fit at context {s.context} with KV {s.cache_type_k}/{s.cache_type_v}"
+        + (f", MTP (draft-n-max {s.draft_n_max})" if s.mtp else "")
+        + f", {s.parallel} slot(s), reserve {s.reserve_mib} MiB per GPU."
+    ]
+    if best:
+        parts.append(
+            f"Best attempt on GPU(s) {best['cuda_visible_devices']}"
+            + (f" (-ts {best['tensor_split_arg']})" if best["tensor_split_arg"] else "")
+            + ": "
+            + "; ".join(
+                f"GPU {n['device']} needs {n['needed_mib']} MiB, has {n['available_mib']} MiB free" for n in numbers
+            )
+            + "."
+        )
+    would = []
+    if sugg["max_context"]:
+        would.append(f"context <= {sugg['max_context']} at {s.cache_type_k}/{s.cache_type_v}")
+    for t in sugg["cache_types"]:
+        would.append(f"cache_type_k/v {t} at context {s.context}")
+    if would:
+        parts.append("Would fit: " + ", or ".join(would) + ".")
+    else:
+        weights = _mib(sum(model.layer_bytes[: model.n_trunk]) + model.output_bytes)
+        parts.append(
+            f"No context or cache type fits on these GPUs (trunk + output weights alone are {weights} MiB): "
+            "use a smaller quantization, more GPUs, or fewer busy GPUs."
+        )
+    details = {
+        "needed_vs_available": numbers,
+        "attempt": best,
+        "suggestions": sugg,
+        "skipped": skipped,
+    }
+    return PlanError(" ".join(parts), details)
+
+
+def _cpu_plan(model, s, result, explanation, count):
+    layout = _Layout(model, s)
+    by_cat = dict.fromkeys(CATEGORIES, 0)
+    for c in layout.costs:
+        for cat, v in c.items():
+            by_cat[cat] += v
+    compute = layout.compute(0, layout.n, 0, False)
+    entry = {"device": "cpu", "name": "host"}
+    for cat in CATEGORIES:
+        entry[f"{cat}_mib"] = _mib(by_cat[cat])
+    entry["weights_mib"] += _mib(model.token_embd_bytes)
+    entry["compute_mib"] = _mib(compute)
+    entry["reserve_mib"] = 0
+    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in (*CATEGORIES, "compute", "reserve"))
+    entry["free_before_mib"] = None
+    entry["free_after_mib"] = None
+    entry["fits"] = True
+    inst = {
+        "devices": [],
+        "cuda_visible_devices": None,
+        "tensor_split": None,
+        "tensor_split_arg": None,
+        "split_mode": "none",
+        "main_gpu": None,
+        "n_gpu_layers": 0,
+        "layers": [],
+        "per_device": [entry],
+        "fits": True,
+        "required_mib": entry["total_mib"],
+        "available_mib": None,
+        "host_mib": entry["total_mib"],
+    }
+    inst["llama_args"] = _llama_args(model, s, None)
+    result.update({"fits": True, "mode": "cpu", "instances": [inst]})
+    why = "no GPUs on this host" if count == 0 else "no usable GPU"
+    explanation.append(
+        f"CPU plan ({why}): llama-server runs with -ngl 0 and no CUDA_VISIBLE_DEVICES; it needs about "
+        f"{entry['total_mib']} MiB of host RAM (weights mmap'ed + KV + state + compute). Host RAM is not in "
+        "gpu_facts, so this planner does not check it."
+    )
+    result["explanation"] = explanation
+    return result

@@ -1,0 +1,334 @@
+#!/usr/bin/python
+"""Ansible module llamafleet.mtp.tensor_split: plan GPUs, -ts split and memory for llama-server."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: tensor_split
+short_description: Plan which GPUs a llama-server instance uses, its -ts split, and check that it fits
+version_added: "0.1.0"
+description:
+  - Pure planning from facts; touches nothing on the host and never reports a change. Inputs are the
+    C(gpu_facts) fact of M(llamafleet.mtp.gpu_facts) and the C(gguf) result of M(llamafleet.mtp.gguf_info)
+    (both described in docs/facts.md).
+  - Models llama.cpp's memory placement (commit 0c1e570) per GPU - weights of the blocks a GPU holds,
+    their KV cache at the chosen cache types (only the model's KV layers; C(-c) is the total context over
+    all C(-np) slots), recurrent state (C(parallel * (1 + draft_n_max)) rows with MTP), the MTP block and the
+    MTP draft context's own KV cache on the GPU that holds the MTP block, the output tensor on the GPU that
+    holds the output layer, compute buffers and a reserve. C(token_embd) stays in host memory, as llama.cpp
+    keeps the input layer on the CPU.
+  - Picks the fewest GPUs that fit; among sets of the same size it prefers the fastest interconnect (judged by
+    the worst link inside the set, C(NV#) > C(PIX) > C(PXB) > C(PHB) > C(NODE) > C(SYS)), then a single NUMA
+    node, then the most free memory. Uses C(memory_free_mib), so memory used by other processes counts.
+    GPUs in MIG mode and unhealthy GPUs are skipped, with a note.
+  - For a layer split it chooses integer C(-ts) proportions (one per GPU, in C(CUDA_VISIBLE_DEVICES) order)
+    that balance the needed/free ratio of the GPUs, then re-runs llama.cpp's own float32 layer-assignment
+    formula (src/llama-model.cpp:1556-1614) on them and plans from that assignment.
+  - When nothing fits it fails before anything changes, with the numbers (needed vs free per GPU) and what
+    would fit - the largest context (a multiple of 256) at the requested cache types, and/or the cheaper
+    cache types (C(q8_0), C(q4_0)) that fit the requested context.
+  - Compute buffers are an estimate unless O(compute_buffer_mib) is given; see that option.
+author:
+  - llamafleet maintainers
+options:
+  gpu_facts:
+    description:
+      - The C(gpu_facts) fact gathered by M(llamafleet.mtp.gpu_facts) on the target host.
+    type: dict
+    required: true
+  gguf:
+    description:
+      - The C(gguf) result of M(llamafleet.mtp.gguf_info) for the model file.
+    type: dict
+    required: true
+  context:
+    description:
+      - Total context (llama-server C(-c)) shared by all slots. llama.cpp pads it to a multiple of 256 and,
+        without a unified KV cache, gives each slot C(context / parallel) (padded to 256).
+      - Defaults to the model's training context (C(gguf.context_length)), as C(-c 0) does.
+    type: int
+  cache_type_k:
+    description: KV cache type for K (C(-ctk)).
+    type: str
+    default: f16
+    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+  cache_type_v:
+    description: KV cache type for V (C(-ctv)). Quantized V needs flash attention (llama.cpp's default C(auto)).
+    type: str
+    default: f16
+    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+  parallel:
+    description: Number of server slots (C(-np)).
+    type: int
+    default: 1
+  kv_unified:
+    description: Plan for C(--kv-unified) (one KV stream shared by all slots instead of one per slot).
+    type: bool
+    default: false
+  mtp:
+    description:
+      - Use the model's MTP head for speculative decoding (C(--spec-type draft-mtp)).
+      - Defaults to true when the model has MTP (nextn) layers and llama.cpp has an MTP graph for its
+        architecture. C(true) for a model without MTP layers is an error.
+    type: bool
+  draft_n_max:
+    description:
+      - C(--spec-draft-n-max). With MTP it also sets the number of recurrent-state rollback rows per slot.
+    type: int
+    default: 2
+  draft_cache_type_k:
+    description: KV cache type of the MTP draft context (C(--spec-draft-type-k), llama.cpp default f16).
+    type: str
+    default: f16
+    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+  draft_cache_type_v:
+    description: KV cache type of the MTP draft context (C(--spec-draft-type-v), llama.cpp default f16).
+    type: str
+    default: f16
+    choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+  reserve_mib:
+    description:
+      - Free memory (MiB) to leave on every GPU, like llama.cpp's C(--fit-target) (default 1024). It also has to
+        absorb the CUDA context and cuBLAS workspaces (a few hundred MiB per GPU), which this plan does not count.
+    type: int
+    default: 1024
+  compute_buffer_mib:
+    description:
+      - Flat compute-buffer size (MiB) to plan on every GPU instead of the built-in estimate (for example a value
+        measured with C(llama-fit-params) or read from llama-server's C(compute buffer size) log lines).
+      - "The built-in estimate, per GPU, is the sum of - activations C(n_ubatch * 4 * (3 * n_ff + 8 * n_embd)) bytes
+        (a rule of thumb; n_ubatch 512); the F16 KQ mask C(n_ctx_seq * n_ubatch * 2) bytes on GPUs with attention
+        layers, times 4 when a layer split pipelines over several GPUs (ggml's scheduler keeps 4 input copies);
+        with a quantized K or V cache, the F16 copy of the whole K and V that CUDA's batched flash-attention kernels
+        make inside the compute buffer (ggml-cuda/fattn.cu); logits for C(parallel * (1 + draft_n_max)) outputs on
+        the output GPU; and the MTP draft context's own activations, mask and conversion on the MTP GPU."
+      - "It is an estimate: on llama.cpp's CPU backend (same graph) this model measured 164 MiB + 130 MiB (target +
+        MTP contexts) at 32768 f16 where the estimate says 434 MiB, and 388 MiB + 324 MiB at 262144 q4_0 where the
+        estimate, without the CUDA-only F16 conversion, says 882 MiB; CUDA was not measured."
+    type: int
+  devices:
+    description:
+      - Restrict planning to these GPU indices (nvidia-smi indices). The plan still uses the fewest of them that
+        fit. An index the host does not have is an error.
+    type: list
+    elements: int
+  max_gpus:
+    description: Most GPUs one instance may span (default - all usable GPUs).
+    type: int
+  replicas:
+    description:
+      - Number of independent llama-server instances on disjoint GPU sets, or C(auto) for as many as fit.
+      - C(auto) repeatedly takes the smallest sufficient GPU set (with the interconnect preference) from the
+        GPUs not used yet. An integer N needs exactly N sets, or the module fails.
+    type: raw
+    default: 1
+  split_mode:
+    description:
+      - C(auto) - C(none) on one GPU, C(layer) across several. C(none) - one GPU per instance. C(layer) - allow
+        a layer split. C(tensor) - llama.cpp's experimental tensor parallelism (unquantized KV only); refused with
+        MTP unless O(force_tensor_split=true), because MTP with C(-sm tensor) has several crash reports.
+      - A one-GPU instance is always planned as C(none), without C(-ts).
+    type: str
+    default: auto
+    choices: [auto, none, layer, tensor]
+  force_tensor_split:
+    description: Accept C(split_mode=tensor) together with MTP.
+    type: bool
+    default: false
+  cpu_ok:
+    description:
+      - When the host has no usable GPU, plan a CPU-only instance (C(-ngl 0), no C(CUDA_VISIBLE_DEVICES))
+        instead of failing. Defaults to true when C(gpu_facts.count) is 0 and false otherwise (GPUs that are all
+        skipped are more likely a fault than a plan).
+    type: bool
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+notes:
+  - Only layer and none split modes are modelled exactly; C(tensor) assumes every GPU holds its C(-ts) share of
+    each layer, an approximation.
+  - KV cache of sliding-window layers is counted at full context (the GGUF summary carries no SWA facts), which
+    over-estimates SWA models.
+  - Host RAM is not checked (C(gpu_facts) has none); C(host_mib) tells what the CPU side needs at least.
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU facts
+  llamafleet.mtp.gpu_facts:
+
+- name: Read the model header
+  llamafleet.mtp.gguf_info:
+    path: /var/lib/llama-models/qwen/Qwen3.6-27B-Q4_K_M-mtp.gguf
+  register: model
+
+- name: Plan a 256k context with q4_0 KV and MTP
+  llamafleet.mtp.tensor_split:
+    gpu_facts: "{{ ansible_facts.gpu_facts }}"
+    gguf: "{{ model.gguf }}"
+    context: 262144
+    cache_type_k: q4_0
+    cache_type_v: q4_0
+    draft_n_max: 2
+  register: split
+
+- name: Show why
+  ansible.builtin.debug:
+    var: split.plan.explanation
+
+- name: One replica per GPU set on a big node
+  llamafleet.mtp.tensor_split:
+    gpu_facts: "{{ ansible_facts.gpu_facts }}"
+    gguf: "{{ model.gguf }}"
+    context: 131072
+    replicas: auto
+  register: fleet
+"""
+
+RETURN = r"""
+plan:
+  description: The plan. MiB values are rounded up per category.
+  returned: success
+  type: dict
+  contains:
+    fits:
+      description: True when every instance fits (the module fails otherwise).
+      type: bool
+    mode:
+      description: C(gpu), or C(cpu) for a CPU-only plan.
+      type: str
+    settings:
+      description:
+        - The effective settings - C(context) asked, C(n_ctx) llama.cpp will use (padded), C(n_ctx_seq) per slot,
+          C(kv_cells) per KV layer, C(parallel), cache types, C(mtp), C(draft_n_max), draft cache types,
+          C(recurrent_rows), C(reserve_mib), C(compute_buffer_mib), C(compute_estimated), C(split_mode),
+          C(replicas).
+      type: dict
+    skipped:
+      description: GPUs left out, each C(index) and C(reason) (MIG mode, unhealthy, no free-memory reading).
+      type: list
+      elements: dict
+    explanation:
+      description: Human-readable lines - the model and memory model, skipped GPUs, why these GPUs, why this split.
+      type: list
+      elements: str
+    instances:
+      description: One entry per llama-server instance.
+      type: list
+      elements: dict
+      contains:
+        devices:
+          description: nvidia-smi indices of its GPUs, in C(CUDA_VISIBLE_DEVICES) order (empty on CPU).
+          type: list
+          elements: int
+        cuda_visible_devices:
+          description: Value for C(CUDA_VISIBLE_DEVICES), e.g. C("0,1") (null on CPU). Pair it with
+            C(CUDA_DEVICE_ORDER=PCI_BUS_ID) so CUDA's order matches nvidia-smi's indices.
+          type: str
+        tensor_split:
+          description: C(-ts) proportions in C(CUDA_VISIBLE_DEVICES) order (llama.cpp "layers" per GPU, the output
+            layer included); null for one GPU.
+          type: list
+          elements: int
+        tensor_split_arg:
+          description: The same as the C(-ts) argument string, e.g. C("39,27"); null for one GPU.
+          type: str
+        split_mode:
+          description: C(none) for one GPU, C(layer) across GPUs, C(tensor) only when asked for.
+          type: str
+        main_gpu:
+          description: C(-mg), relative to C(CUDA_VISIBLE_DEVICES) (null on CPU).
+          type: int
+        n_gpu_layers:
+          description: C(-ngl) (block_count + 1 = everything offloaded; 0 on CPU).
+          type: int
+        layers:
+          description:
+            - Per GPU, llama.cpp's assignment for this C(-ts) - C(device), C(cuda_index), C(count) ("layers" incl.
+              the output layer), C(first)/C(last) layer index, C(blocks), C(trunk_blocks), C(kv_layers),
+              C(recurrent_layers), C(holds_mtp), C(holds_output).
+          type: list
+          elements: dict
+        per_device:
+          description:
+            - Per GPU, MiB by category - C(weights_mib), C(kv_mib), C(recurrent_mib), C(mtp_weights_mib),
+              C(mtp_kv_mib), C(output_mib), C(compute_mib), C(reserve_mib); C(total_mib) (their sum),
+              C(free_before_mib) (nvidia-smi's free memory), C(free_after_mib) (expected free memory once the
+              server runs, i.e. free_before - (total - reserve)), C(fits) (total <= free_before), C(device), C(name).
+          type: list
+          elements: dict
+        fits:
+          description: Every GPU of the instance fits.
+          type: bool
+        required_mib:
+          description: Sum of C(total_mib) over its GPUs.
+          type: int
+        available_mib:
+          description: Sum of C(free_before_mib) over its GPUs (null on CPU).
+          type: int
+        host_mib:
+          description: Host memory the model needs at least (C(token_embd), kept on the CPU; everything on CPU).
+          type: int
+        llama_args:
+          description: The llama-server arguments this plan assumes (C(-c -np -ctk -ctv -ngl -sm -mg -ts), and with
+            MTP C(--spec-draft-n-max -ctkd -ctvd)); C(--spec-type) is not among them, its spelling follows the binary.
+          type: list
+          elements: str
+plan_error:
+  description: On failure, the numbers - C(needed_vs_available) per GPU (C(device), C(needed_mib),
+    C(available_mib), C(short_mib)), the best C(attempt) (an instance as above), C(suggestions) (C(max_context),
+    C(cache_types)) and C(skipped).
+  returned: failure
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
+
+CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "gpu_facts": {"type": "dict", "required": True},
+            "gguf": {"type": "dict", "required": True},
+            "context": {"type": "int"},
+            "cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
+            "cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
+            "parallel": {"type": "int", "default": 1},
+            "kv_unified": {"type": "bool", "default": False},
+            "mtp": {"type": "bool"},
+            "draft_n_max": {"type": "int", "default": 2},
+            "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
+            "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
+            "reserve_mib": {"type": "int", "default": 1024},
+            "compute_buffer_mib": {"type": "int"},
+            "devices": {"type": "list", "elements": "int"},
+            "max_gpus": {"type": "int"},
+            "replicas": {"type": "raw", "default": 1},
+            "split_mode": {"type": "str", "default": "auto", "choices": ["auto", "none", "layer", "tensor"]},
+            "force_tensor_split": {"type": "bool", "default": False},
+            "cpu_ok": {"type": "bool"},
+        },
+        supports_check_mode=True,
+    )
+    p = dict(module.params)
+    replicas = p.pop("replicas")
+    if isinstance(replicas, str) and replicas.strip().lower() == "auto":
+        replicas = "auto"
+    elif isinstance(replicas, str) and replicas.strip().isdigit():
+        replicas = int(replicas)
+    elif isinstance(replicas, bool) or not isinstance(replicas, int):
+        module.fail_json(msg=f"replicas must be a positive integer or 'auto', got {replicas!r}")
+    try:
+        result = plan(p.pop("gpu_facts"), p.pop("gguf"), p.pop("context"), replicas=replicas, **p)
+    except PlanError as e:
+        module.fail_json(msg=e.message, plan_error=e.details)
+    module.exit_json(changed=False, plan=result)
+
+
+if __name__ == "__main__":
+    main()

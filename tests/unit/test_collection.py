@@ -1,0 +1,57 @@
+"""The repository is an installable collection: build it with ansible-galaxy, install the
+artifact into an empty collections path, and check the installed modules, roles and
+playbooks are the same ones, and that ansible-doc renders every module from it."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py"))
+
+
+def _run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, check=True, timeout=300, **kw)
+
+
+def test_build_and_install(tmp_path):
+    _run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)])
+    (artifact,) = tmp_path.glob("llamafleet-mtp-*.tar.gz")
+    with tarfile.open(artifact) as tar:
+        names = set(tar.getnames())
+    for m in MODULES:
+        assert f"plugins/modules/{m}.py" in names
+    assert "site.yml" in names
+    assert not any(n.startswith((".venv", "collections/", ".git/", "tests/", "scripts/")) for n in names)
+
+    dest = tmp_path / "installed"
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\n")
+    # Outside the checkout, so the collection resolves only from what was installed.
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(dest), ANSIBLE_CONFIG=str(cfg))
+    _run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", "--offline", "-n", "-p", str(dest), str(artifact)],
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (dest / "ansible_collections/llamafleet/mtp/MANIFEST.json").is_file()
+    out = _run([str(BIN / "ansible-doc"), "--json", *[f"llamafleet.mtp.{m}" for m in MODULES]], env=env, cwd=tmp_path)
+    docs = json.loads(out.stdout)
+    assert set(docs) == {f"llamafleet.mtp.{m}" for m in MODULES}, out.stderr[-3000:]
+    for m in MODULES:
+        entry = docs[f"llamafleet.mtp.{m}"]
+        assert entry["doc"]["short_description"]
+        assert entry["examples"].strip()
+        assert entry["return"]
+        assert entry["doc"]["attributes"]["check_mode"]["support"] in ("full", "partial")
+
+
+def test_ansible_doc_renders_every_module_from_the_checkout():
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    for m in MODULES:
+        out = _run([str(BIN / "ansible-doc"), f"llamafleet.mtp.{m}"], env=env, cwd=REPO)
+        assert "OPTIONS" in out.stdout and "RETURN VALUES" in out.stdout, m

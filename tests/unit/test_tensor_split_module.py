@@ -1,0 +1,85 @@
+"""The tensor_split module run for real through ``ansible localhost -m llamafleet.mtp.tensor_split``.
+
+Arguments are the real pipeline's output: gpu_facts from the nvidia-smi stand-in profile through
+the parser, gguf_info from the Qwen3.6-27B header generator through the header reader. Each case is
+a real ad-hoc run (AnsiballZ packaging, module_utils import by collection path, argument spec, JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from ansible_collections.llamafleet.mtp.plugins.module_utils import gguf_header
+from nvsmi_profiles import facts_from_profile, profile_path
+
+from tests.harness.gguf import qwen36_27b_header as qwen
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE = REPO / ".venv" / "bin" / "ansible"
+
+pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv (.venv/bin/ansible)")
+
+
+def run_module(args: dict, check_mode: bool = False) -> dict:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+        ANSIBLE_LOCALHOST_WARNING="0",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
+        ANSIBLE_NOCOLOR="1",
+    )
+    cmd = [str(ANSIBLE), "localhost", "-m", "llamafleet.mtp.tensor_split", "-a", json.dumps(args)]
+    if check_mode:
+        cmd.append("--check")
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    start = p.stdout.find("{\n")  # profile_tasks prints a timestamp line before the JSON document
+    assert start >= 0, f"no JSON in ansible output (rc {p.returncode}):\n{p.stdout}\n{p.stderr}"
+    doc, _ = json.JSONDecoder().raw_decode(p.stdout[start:])
+    result = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    assert (p.returncode != 0) == bool(result.get("failed")), p.stdout
+    return result
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mod") / "Qwen3.6-27B-Q4_K_M-mtp.gguf"
+    qwen.write_qwen36_27b_header(out)
+    return {
+        "gguf": gguf_header.gguf_info(out),
+        "gpu_facts": facts_from_profile(profile_path("seed-2x-v100-pcie16")),
+    }
+
+
+def test_module_plans_a_fitting_split(inputs):
+    result = run_module({**inputs, "context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}, check_mode=True)
+    assert result.get("failed") is not True, result
+    assert result["changed"] is False
+    plan = result["plan"]
+    assert plan["fits"] is True
+    inst = plan["instances"][0]
+    assert inst["cuda_visible_devices"] == "0,1" and inst["split_mode"] == "layer"
+    assert inst["tensor_split_arg"] == ",".join(str(t) for t in inst["tensor_split"])
+    assert [d["fits"] for d in inst["per_device"]] == [True, True]
+    assert plan["explanation"]
+
+
+def test_module_refuses_with_numbers(inputs):
+    result = run_module({**inputs, "context": 262144})
+    assert result["failed"] is True
+    assert "does not fit" in result["msg"] and "16384 MiB free" in result["msg"]
+    err = result["plan_error"]
+    assert [n["available_mib"] for n in err["needed_vs_available"]] == [16384, 16384]
+    assert "q4_0" in err["suggestions"]["cache_types"]
+    assert err["suggestions"]["max_context"] % 256 == 0
+
+
+def test_module_rejects_bad_replicas(inputs):
+    result = run_module({**inputs, "context": 32768, "replicas": "lots"})
+    assert result["failed"] is True
+    assert "replicas" in result["msg"]
