@@ -47,6 +47,7 @@ stage llamacpp-build-pr-standin bash -c 'tests/harness/llamacpp/build.sh refs/pu
 LLAMA_SERVER_BIN=$(tests/harness/llamacpp/build.sh master)/bin/llama-server
 LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/llama-server
 export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
+stage unit-slow pytest -q -m slow tests/unit
 stage integration pytest -q tests/integration
 for scenario in $(ls -1 molecule); do
   [ -f "molecule/$scenario/molecule.yml" ] || continue
