@@ -53,3 +53,8 @@ for scenario in $(ls -1 molecule); do
   [ -f "molecule/$scenario/molecule.yml" ] || continue
   stage "molecule:$scenario" molecule test -s "$scenario"
 done
+# README command 1, end to end on a fresh sandbox fleet, then torn down.
+stage sandbox-down-before bash scripts/sandbox.sh down
+stage sandbox-site bash scripts/run-sandbox.sh
+stage sandbox-site-idempotent bash -c 'bash scripts/run-sandbox.sh | tee /tmp/llamafleet-sandbox-2nd.log; grep -Eq "changed=0 +unreachable=0 +failed=0" /tmp/llamafleet-sandbox-2nd.log && ! grep -E "changed=[1-9]" /tmp/llamafleet-sandbox-2nd.log'
+stage sandbox-down bash scripts/sandbox.sh down

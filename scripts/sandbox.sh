@@ -50,6 +50,7 @@ up() {
   local n=${1:-2} rel=${2:-12}
   build_image "$rel"
   ensure_network
+  mkdir -p "$cache/ccache"   # shared with the hosts: their llama.cpp compiles reuse it
   for i in $(seq 1 "$n"); do
     local name=$prefix-$i
     if podman container exists "$name"; then
@@ -59,6 +60,7 @@ up() {
     podman run -d --name "$name" --hostname "$name" --network "$network" \
       --systemd=always --label llamafleet.sandbox=1 \
       --tmpfs /tmp --tmpfs /run \
+      -v "$cache/ccache:/var/cache/ccache" \
       "localhost/debian-systemd:$rel" /lib/systemd/systemd >/dev/null
   done
   # Wait until systemd inside each host is up (running or degraded).
