@@ -3,6 +3,7 @@
 #   scripts/run-tests.sh          full lane: fast lane + harness (images, llama.cpp mirror and one
 #                                 shared CPU build per ref) + integration tests + every molecule scenario
 #   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, unit tests
+# Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stages; LLAMA_MTP_CACHE moves the caches.
 # Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
 # the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
 set -uo pipefail
@@ -49,7 +50,8 @@ LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/
 export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
 stage unit-slow pytest -q -m slow tests/unit
 stage integration pytest -q tests/integration
-for scenario in $(ls -1 molecule); do
+# MOLECULE_SCENARIOS="a b" runs only those scenarios (default: every scenario under molecule/).
+for scenario in ${MOLECULE_SCENARIOS:-$(ls -1 molecule)}; do
   [ -f "molecule/$scenario/molecule.yml" ] || continue
   stage "molecule:$scenario" molecule test -s "$scenario"
 done

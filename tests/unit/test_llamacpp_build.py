@@ -1,7 +1,6 @@
 """Pure build logic: refs, CUDA architectures, CMake arguments, build keys, build assignments."""
 
 import pytest
-
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llamacpp_build import (
     BuildInputError,
     assign_builds,
