@@ -13,5 +13,7 @@ def test_unit_running_and_enabled(host):
 
 def test_unit_listens_on_loopback(host):
     assert host.socket("tcp://127.0.0.1:8099").is_listening
-    out = host.check_output("python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8099/').status)\"")
+    out = host.check_output(
+        "python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8099/').status)\""
+    )
     assert out.strip() == "200"
