@@ -1,0 +1,130 @@
+"""Pure logic of the MTP benchmark: Prometheus metrics, per-request timings, summaries, the table.
+
+No Ansible imports. The llama_bench module does the HTTP; this file turns what llama-server
+answered into numbers: tokens/s from /completion ``timings`` (predicted_per_second), draft
+acceptance from /metrics (``spec_decode_num_accepted_tokens_total`` /
+``spec_decode_num_draft_tokens_total``; llama-server has no acceptance gauge), the speed-up
+against the run without MTP, and the best draft length.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaINFA]+)\s*$")
+SPEC_DRAFT = "llamacpp:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
+
+
+class BenchError(ValueError):
+    """A benchmark input or server answer that cannot be used."""
+
+
+def parse_metrics(text: str) -> dict:
+    """Prometheus text -> {name: value} (labelled samples keyed 'name{labels}')."""
+    out = {}
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line)
+        if not m:
+            continue
+        name = m.group(1) + (m.group(2) or "")
+        try:
+            out[name] = float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+def metrics_delta(before: dict, after: dict) -> dict:
+    """Counter increase between two scrapes (for the counters the benchmark reads)."""
+    keys = (SPEC_DRAFT, SPEC_ACCEPTED, SPEC_DRAFTS, TOKENS_PREDICTED)
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+
+
+def completion_sample(answer: dict) -> dict:
+    """One /completion answer -> {tokens, seconds, tok_s, draft_n, draft_accepted}."""
+    t = answer.get("timings")
+    if not isinstance(t, dict) or "predicted_per_second" not in t:
+        raise BenchError("the /completion answer has no timings.predicted_per_second (is this llama-server?)")
+    n = int(t.get("predicted_n") or 0)
+    if n <= 0:
+        raise BenchError("the server predicted no tokens: raise n_predict or check the prompt")
+    return {
+        "tokens": n,
+        "seconds": float(t.get("predicted_ms") or 0.0) / 1000.0,
+        "tok_s": float(t["predicted_per_second"]),
+        # present only when draft_n > 0 (server-common.cpp)
+        "draft_n": int(t.get("draft_n") or 0),
+        "draft_accepted": int(t.get("draft_n_accepted") or 0),
+    }
+
+
+def summarize(label: str, draft_n_max, samples: list, delta: dict | None = None) -> dict:
+    """Median tokens/s over the samples, and acceptance from the metrics delta (else the timings)."""
+    if not samples:
+        raise BenchError(f"no samples for {label}")
+    tok_s = [s["tok_s"] for s in samples]
+    drafted = sum(s["draft_n"] for s in samples)
+    accepted = sum(s["draft_accepted"] for s in samples)
+    if delta and delta.get(SPEC_DRAFT, 0) > 0:
+        drafted_m, accepted_m = delta[SPEC_DRAFT], delta[SPEC_ACCEPTED]
+        acceptance = accepted_m / drafted_m
+        source = "metrics"
+    elif drafted > 0:
+        acceptance = accepted / drafted
+        source = "timings"
+    else:
+        acceptance = None
+        source = None
+    return {
+        "label": label,
+        "mtp": draft_n_max is not None,
+        "draft_n_max": draft_n_max,
+        "runs": len(samples),
+        "tokens": sum(s["tokens"] for s in samples),
+        "tok_s_median": round(statistics.median(tok_s), 2),
+        "tok_s_min": round(min(tok_s), 2),
+        "tok_s_max": round(max(tok_s), 2),
+        "draft_tokens": drafted,
+        "draft_accepted": accepted,
+        "acceptance": None if acceptance is None else round(acceptance, 4),
+        "acceptance_source": source,
+    }
+
+
+def compare(rows: list) -> dict:
+    """Add speed-up vs the run without MTP, pick the best draft length (highest median tok/s)."""
+    base = [r for r in rows if not r["mtp"]]
+    if not base:
+        raise BenchError("no baseline run without MTP: cannot compute a speed-up")
+    base_tok_s = base[0]["tok_s_median"]
+    for r in rows:
+        r["speedup"] = round(r["tok_s_median"] / base_tok_s, 3) if base_tok_s > 0 else None
+    mtp_rows = [r for r in rows if r["mtp"]]
+    best = max(mtp_rows, key=lambda r: r["tok_s_median"]) if mtp_rows else None
+    return {
+        "baseline_tok_s": base_tok_s,
+        "rows": rows,
+        "best_draft_n_max": best["draft_n_max"] if best and best["tok_s_median"] > base_tok_s else None,
+        "best_speedup": best["speedup"] if best else None,
+    }
+
+
+def table(result: dict) -> list:
+    """Human-readable lines (one per configuration)."""
+    lines = [f"{'config':<14}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"]
+    for r in result["rows"]:
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        lines.append(
+            f"{r['label']:<14}{r['tok_s_median']:>9.1f}{r['tok_s_min']:>9.1f}{r['tok_s_max']:>9.1f}"
+            f"{acc:>9}{r['speedup']:>8.2f}x"
+        )
+    best = result.get("best_draft_n_max")
+    lines.append(f"best draft-n-max: {best}" if best is not None else "MTP did not beat the baseline here")
+    return lines

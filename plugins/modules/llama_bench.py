@@ -1,0 +1,199 @@
+#!/usr/bin/python
+# Copyright: llamafleet maintainers
+# MIT License (see galaxy.yml)
+"""Module llama_bench: measure a running llama-server's decode speed and draft acceptance."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llama_bench
+short_description: Measure tokens/s and MTP draft acceptance of a running llama-server
+version_added: "0.1.0"
+author:
+  - llamafleet maintainers
+description:
+  - Sends the same prompts to a running llama-server's C(/completion) endpoint O(runs) times and
+    reports the median decode speed from the answers' C(timings.predicted_per_second).
+  - Reads C(/metrics) (the server needs C(--metrics)) before and after, and reports draft
+    acceptance as accepted / drafted tokens from the C(spec_decode_*) counters (falling back to the
+    answers' C(draft_n) / C(draft_n_accepted)).
+  - Read-only as far as the host goes (it only sends requests); it runs in check mode too.
+options:
+  url:
+    description: Base URL of the server, e.g. C(http://127.0.0.1:8080).
+    type: str
+    required: true
+  api_key:
+    description: "API key, sent as C(Authorization: Bearer <key>)."
+    type: str
+  prompts:
+    description: Prompts to complete; each run sends all of them.
+    type: list
+    elements: str
+    default: ["Write a short story about a lighthouse keeper who finds a message in a bottle."]
+  n_predict:
+    description: Tokens to generate per request.
+    type: int
+    default: 128
+  runs:
+    description: How many times to send the prompts (median over all requests).
+    type: int
+    default: 3
+  warmup:
+    description: Requests sent first and not counted.
+    type: int
+    default: 1
+  label:
+    description: Name of this configuration in the result (e.g. C(no-mtp), C(mtp-n3)).
+    type: str
+    required: true
+  draft_n_max:
+    description: The draft length the server runs with, for the record; null when MTP is off.
+    type: int
+  request:
+    description: Extra /completion request fields (sampling), merged into every request.
+    type: dict
+    default: {temperature: 0.0, seed: 42, cache_prompt: false}
+  timeout:
+    description: Seconds to wait for one answer.
+    type: int
+    default: 600
+attributes:
+  check_mode:
+    support: full
+    description: Sends requests only; the same in check mode.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Measure the instance as it runs now
+  llamafleet.mtp.llama_bench:
+    url: http://127.0.0.1:8080
+    label: mtp-n3
+    draft_n_max: 3
+    runs: 3
+  register: row
+"""
+
+RETURN = r"""
+row:
+  description: The measurement.
+  type: dict
+  returned: success
+  contains:
+    label:
+      description: The configuration name.
+      type: str
+    mtp:
+      description: Whether MTP was on (draft_n_max given).
+      type: bool
+    draft_n_max:
+      description: Draft length, or null.
+      type: int
+    runs:
+      description: Counted requests.
+      type: int
+    tokens:
+      description: Tokens generated in counted requests.
+      type: int
+    tok_s_median:
+      description: Median decode tokens/s.
+      type: float
+    tok_s_min:
+      description: Slowest request's tokens/s.
+      type: float
+    tok_s_max:
+      description: Fastest request's tokens/s.
+      type: float
+    draft_tokens:
+      description: Drafted tokens (from the timings).
+      type: int
+    draft_accepted:
+      description: Accepted draft tokens (from the timings).
+      type: int
+    acceptance:
+      description: Accepted / drafted, or null without drafts.
+      type: float
+    acceptance_source:
+      description: C(metrics) or C(timings).
+      type: str
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import fetch_url
+from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import (
+    BenchError,
+    completion_sample,
+    metrics_delta,
+    parse_metrics,
+    summarize,
+)
+
+
+def _get(module, url, headers, timeout):
+    resp, info = fetch_url(module, url, headers=headers, timeout=timeout)
+    body = resp.read().decode() if resp else info.get("body", b"")
+    return info["status"], body if isinstance(body, str) else body.decode(errors="replace")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            prompts=dict(
+                type="list",
+                elements="str",
+                default=["Write a short story about a lighthouse keeper who finds a message in a bottle."],
+            ),
+            n_predict=dict(type="int", default=128),
+            runs=dict(type="int", default=3),
+            warmup=dict(type="int", default=1),
+            label=dict(type="str", required=True),
+            draft_n_max=dict(type="int"),
+            request=dict(type="dict", default={"temperature": 0.0, "seed": 42, "cache_prompt": False}),
+            timeout=dict(type="int", default=600),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    base = p["url"].rstrip("/")
+    headers = {"Content-Type": "application/json"}
+    if p["api_key"]:
+        headers["Authorization"] = "Bearer " + p["api_key"]
+
+    def complete(prompt):
+        body = dict(p["request"], prompt=prompt, n_predict=p["n_predict"])
+        resp, info = fetch_url(
+            module, base + "/completion", data=json.dumps(body), headers=headers, method="POST", timeout=p["timeout"]
+        )
+        if info["status"] != 200:
+            module.fail_json(
+                msg=f"POST {base}/completion answered {info['status']}: {info.get('body') or info.get('msg')}"
+            )
+        return json.loads(resp.read())
+
+    def metrics():
+        status, text = _get(module, base + "/metrics", headers, 30)
+        if status != 200:
+            module.fail_json(msg=f"GET {base}/metrics answered {status}: start the server with --metrics")
+        return parse_metrics(text)
+
+    try:
+        for _ in range(p["warmup"]):
+            complete(p["prompts"][0])
+        before = metrics()
+        samples = [completion_sample(complete(prompt)) for _ in range(p["runs"]) for prompt in p["prompts"]]
+        after = metrics()
+        row = summarize(p["label"], p["draft_n_max"], samples, metrics_delta(before, after))
+    except BenchError as e:
+        module.fail_json(msg=str(e))
+    module.exit_json(changed=False, row=row)
+
+
+if __name__ == "__main__":
+    main()
