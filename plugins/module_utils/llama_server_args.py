@@ -1,0 +1,859 @@
+"""llama-server instances as systemd services: their arguments, environment and drop-in, and the health verdict.
+
+Pure logic, no Ansible imports. The ``llama_server_args`` module gathers what lives on the host (the
+model files' GGUF headers and sizes, the binary's identity) and calls ``render``; the
+``llama_server_health`` module feeds ``health_verdict`` what it polls. Inputs (docs/facts.md):
+
+* instance settings (the role's ``llama_server_systemd_instances``, fields in ``FIELDS``);
+* ``capabilities``: the ``llama_server_capabilities`` module's output for the binary that will run
+  (``mtp_spec_type`` ``mtp`` on the PR #22673 build, ``draft-mtp`` on mainline; ``flags``,
+  ``short_flags``, ``split_modes``, ``cache_types``, ``spec_flags``, ``has_cuda``, ``build_info``);
+* ``plans``: ``llamafleet_plan``, instance name -> the ``tensor_split`` module's ``plan``
+  (``mode``, ``settings``, ``instances[]`` with ``devices``, ``cuda_visible_devices``,
+  ``tensor_split_arg``, ``split_mode``, ``main_gpu``, ``n_gpu_layers``);
+* ``model_info``: model path -> ``{size_bytes, mtp, nextn_predict_layers, architecture, paths, identity}``.
+
+Flags are rendered in their long spelling and only when the binary's ``--help`` lists them. The
+argument list goes to systemd as one ``LLAMA_SERVER_ARGS=`` line of the instance's environment
+file, expanded unquoted in ``ExecStart`` (systemd splits it at whitespace), so no argument may
+contain whitespace, quotes, backslashes or ``$``. Secrets never go into the arguments: the API
+key reaches the server as a systemd credential (``LoadCredential=``, a root-only 0600 file on
+disk) passed with ``--api-key-file``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+
+UNIT = "llama-server"
+CREDENTIAL = "api-key"
+CREDENTIALS_DIR = "/run/credentials"  # systemd's $CREDENTIALS_DIRECTORY is <this>/<unit name>
+GIB = 1024**3
+DEFAULT_HEALTH_BASE_S = 60
+DEFAULT_HEALTH_PER_GIB_S = 30
+
+CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+SPLIT_MODES = ["none", "layer", "row", "tensor"]
+FLASH_ATTN = ["on", "off", "auto"]
+
+# Instance settings: the role's argument spec documents the same fields. "default" None means
+# "not rendered" (llama-server's own default) or, where noted, "from the plan, else FALLBACKS".
+FIELDS: dict[str, dict] = {
+    "name": {"type": "str", "required": True},
+    "model": {"type": "str"},
+    "model_path": {"type": "path"},
+    "host": {"type": "str", "default": "127.0.0.1"},
+    "port": {"type": "int", "required": True},
+    "context": {"type": "int"},
+    "parallel": {"type": "int"},
+    "kv_unified": {"type": "bool"},
+    "cache_type_k": {"type": "str", "choices": CACHE_TYPES},
+    "cache_type_v": {"type": "str", "choices": CACHE_TYPES},
+    "flash_attn": {"type": "str", "choices": FLASH_ATTN},
+    "mtp": {"type": "bool"},
+    "draft_n_max": {"type": "int"},
+    "draft_cache_type_k": {"type": "str", "choices": CACHE_TYPES},
+    "draft_cache_type_v": {"type": "str", "choices": CACHE_TYPES},
+    "temp": {"type": "float"},
+    "top_k": {"type": "int"},
+    "top_p": {"type": "float"},
+    "min_p": {"type": "float"},
+    "repeat_penalty": {"type": "float"},
+    "alias": {"type": "str"},
+    "api_key": {"type": "str", "no_log": True},
+    "allow_unauthenticated": {"type": "bool", "default": False},
+    "devices": {"type": "list", "elements": "int"},
+    "tensor_split": {"type": "raw"},
+    "split_mode": {"type": "str", "choices": SPLIT_MODES},
+    "main_gpu": {"type": "int"},
+    "n_gpu_layers": {"type": "int"},
+    "force_split_mode_tensor": {"type": "bool", "default": False},
+    "threads": {"type": "int"},
+    "threads_batch": {"type": "int"},
+    "batch_size": {"type": "int"},
+    "ubatch_size": {"type": "int"},
+    "webui": {"type": "bool", "default": False},
+    "metrics": {"type": "bool", "default": True},
+    "extra_args": {"type": "list", "elements": "str", "default": []},
+    "environment": {"type": "dict", "default": {}},
+    "replicas": {"type": "raw", "default": 1},
+    "health_timeout": {"type": "int"},
+}
+# Used when neither the instance nor its plan sets them (the seeds' recommendation with MTP: one slot).
+FALLBACKS = {"parallel": 1, "mtp": True, "draft_n_max": 2}
+# Instance field -> key of the plan's ``settings`` that must agree with it when both are set.
+PLAN_SETTINGS = {
+    "context": "context",
+    "parallel": "parallel",
+    "kv_unified": "kv_unified",
+    "cache_type_k": "cache_type_k",
+    "cache_type_v": "cache_type_v",
+    "mtp": "mtp",
+    "draft_n_max": "draft_n_max",
+    "draft_cache_type_k": "draft_cache_type_k",
+    "draft_cache_type_v": "draft_cache_type_v",
+}
+
+# Every spelling of the flags this role renders itself, and the instance field to use instead.
+CONTROLLED_FLAGS = {
+    "model / model_path": ["-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo"],
+    "host": ["--host"],
+    "port": ["--port"],
+    "alias": ["-a", "--alias"],
+    "context": ["-c", "--ctx-size"],
+    "parallel": ["-np", "--parallel"],
+    "kv_unified": ["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
+    "cache_type_k": ["-ctk", "--cache-type-k"],
+    "cache_type_v": ["-ctv", "--cache-type-v"],
+    "flash_attn": ["-fa", "--flash-attn"],
+    "mtp": ["--spec-type"],
+    "draft_n_max": ["--spec-draft-n-max"],
+    "draft_cache_type_k": ["-ctkd", "--spec-draft-type-k", "--cache-type-k-draft"],
+    "draft_cache_type_v": ["-ctvd", "--spec-draft-type-v", "--cache-type-v-draft"],
+    "devices (CUDA_VISIBLE_DEVICES)": ["-dev", "--device"],
+    "n_gpu_layers": ["-ngl", "--gpu-layers", "--n-gpu-layers"],
+    "split_mode": ["-sm", "--split-mode"],
+    "main_gpu": ["-mg", "--main-gpu"],
+    "tensor_split": ["-ts", "--tensor-split"],
+    "threads": ["-t", "--threads"],
+    "threads_batch": ["-tb", "--threads-batch"],
+    "batch_size": ["-b", "--batch-size"],
+    "ubatch_size": ["-ub", "--ubatch-size"],
+    "temp": ["--temp", "--temperature"],
+    "top_k": ["--top-k"],
+    "top_p": ["--top-p"],
+    "min_p": ["--min-p"],
+    "repeat_penalty": ["--repeat-penalty"],
+    "metrics": ["--metrics"],
+    "webui": ["--ui", "--webui", "--no-ui", "--no-webui"],
+    "api_key": ["--api-key", "--api-key-file"],
+}
+_CONTROLLED = {flag: field for field, flags in CONTROLLED_FLAGS.items() for flag in flags}
+# Environment variables that carry secrets or that the role sets itself.
+RESERVED_ENV = {
+    "LLAMA_SERVER_ARGS": "the arguments (use the instance fields or extra_args)",
+    "LLAMA_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
+    "LLAMA_ARG_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
+    "LLAMA_ARG_API_KEY_FILE": "the API key file (use api_key)",
+    "CUDA_VISIBLE_DEVICES": "the GPUs (use devices or the tensor_split plan)",
+    "CUDA_DEVICE_ORDER": "the GPU order (always PCI_BUS_ID, to match nvidia-smi's indices)",
+}
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_SAFE = re.compile(r"^[^\s\"'\\$`]+$")  # systemd splits $LLAMA_SERVER_ARGS at whitespace; no quoting exists
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_FORBIDDEN_MODEL_DIRS = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+
+class ServerArgsError(Exception):
+    """Bad instance settings; ``problems`` lists every one found (the message joins them)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(
+            "llama_server_systemd: nothing was changed; fix these and run again:\n- " + "\n- ".join(self.problems)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def unit_name(name: str) -> str:
+    """The systemd unit of instance ``name``."""
+    return f"{UNIT}@{name}.service"
+
+
+def credential_path(name: str) -> str:
+    """Where systemd exposes the instance's API key to the server ($CREDENTIALS_DIRECTORY/api-key)."""
+    return f"{CREDENTIALS_DIR}/{unit_name(name)}/{CREDENTIAL}"
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str, advertise: str | None = None) -> str:
+    """Host part of a URL for a bind address (wildcards become ``advertise``, or loopback)."""
+    h = host.strip("[]")
+    if h in ("0.0.0.0", ""):
+        h = advertise or "127.0.0.1"
+    elif h == "::":
+        h = advertise or "::1"
+    try:
+        if ipaddress.ip_address(h).version == 6:
+            return f"[{h}]"
+    except ValueError:
+        pass
+    return h
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def health_timeout(size_bytes: int, base_s: int = DEFAULT_HEALTH_BASE_S, per_gib_s: int = DEFAULT_HEALTH_PER_GIB_S):
+    """Seconds to wait for /health 200 after a (re)start: a base plus time to read the model from disk."""
+    return int(base_s + math.ceil(max(0, size_bytes or 0) / GIB * per_gib_s))
+
+
+def normalize_instance(raw: dict) -> tuple[dict, list[str]]:
+    """Apply FIELDS' defaults and check types; returns ``(instance, problems)``.
+
+    The Ansible module's argument spec already did this; tests and other callers rely on it here.
+    """
+    problems = []
+    label = raw.get("name") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return {}, [f"an instance must be a mapping, got {type(raw).__name__}"]
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        problems.append(f"instance {label!r}: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+    inst = {}
+    for key, spec in FIELDS.items():
+        value = raw.get(key)
+        if value is None:
+            if spec.get("required"):
+                problems.append(f"instance {label!r}: '{key}' is required")
+            default = spec.get("default")
+            inst[key] = (
+                list(default) if isinstance(default, list) else dict(default) if isinstance(default, dict) else default
+            )
+            continue
+        t = spec["type"]
+        ok = (
+            (t in ("str", "path") and isinstance(value, str))
+            or (t == "int" and isinstance(value, int) and not isinstance(value, bool))
+            or (t == "float" and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (t == "bool" and isinstance(value, bool))
+            or (t == "list" and isinstance(value, list))
+            or (t == "dict" and isinstance(value, dict))
+            or t == "raw"
+        )
+        if not ok:
+            problems.append(f"instance {label!r}: '{key}' must be a {t}, got {value!r}")
+        elif spec.get("choices") and value not in spec["choices"]:
+            problems.append(f"instance {label!r}: '{key}' must be one of {', '.join(spec['choices'])}, got {value!r}")
+        inst[key] = float(value) if t == "float" and ok else value
+    return inst, problems
+
+
+def model_path_for(inst: dict, models: dict | None) -> tuple[str | None, str | None]:
+    """``(path, problem)``: the instance's model file, from ``model_path`` or ``model_fetch_facts[model].path``."""
+    name = inst.get("name")
+    if inst.get("model_path") and inst.get("model"):
+        return None, f"instance {name!r}: set either model (a model_fetch name) or model_path, not both"
+    if inst.get("model_path"):
+        return inst["model_path"], None
+    if not inst.get("model"):
+        return None, f"instance {name!r}: no model; set model (a model_fetch name) or model_path"
+    entry = (models or {}).get(inst["model"])
+    if not entry:
+        known = ", ".join(sorted(models or {})) or "none: run llamafleet.mtp.model_fetch first"
+        return None, f"instance {name!r}: model {inst['model']!r} is not in model_fetch_facts (known: {known})"
+    path = entry.get("path") or (entry.get("paths") or [None])[0]
+    if not path:
+        return None, f"instance {name!r}: model_fetch_facts[{inst['model']!r}] has no path"
+    return path, None
+
+
+def model_info_from_gguf(gguf: dict, identity: str) -> dict:
+    """The ``model_info`` entry for a model from its ``gguf_info`` result (docs/facts.md)."""
+    nextn = int(gguf.get("nextn_predict_layers") or 0)
+    return {
+        "size_bytes": int(gguf.get("size_bytes") or 0),
+        "mtp": bool(gguf.get("mtp", nextn > 0)),
+        "nextn_predict_layers": nextn,
+        "architecture": gguf.get("architecture"),
+        "paths": list((gguf.get("split") or {}).get("paths") or [gguf.get("path")]),
+        "identity": identity,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+
+
+class _Flags:
+    """The long and short option names a binary's --help lists."""
+
+    def __init__(self, caps: dict):
+        self.long = set(caps.get("flags") or [])
+        self.short = set(caps.get("short_flags") or [])
+        self.removed = set(caps.get("removed_flags") or [])
+
+    def knows(self, flag: str) -> bool:
+        return flag in self.long or flag in self.short
+
+
+def _plan_instance(plan: dict, index: int):
+    instances = plan.get("instances") or []
+    return instances[index] if index < len(instances) else None
+
+
+def _replica_count(inst, plan, problems):
+    label = inst["name"]
+    replicas = inst.get("replicas", 1)
+    if isinstance(replicas, str) and replicas.strip().lower() == "auto":
+        return (len(plan.get("instances") or []) or 1) if plan else 1, True
+    if isinstance(replicas, str) and replicas.strip().isdigit():
+        replicas = int(replicas)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        problems.append(f"instance {label!r}: replicas must be a positive integer or 'auto', got {replicas!r}")
+        return 1, False
+    if plan and replicas > len(plan.get("instances") or []):
+        problems.append(
+            f"instance {label!r}: replicas {replicas} but llamafleet_plan[{label!r}] has "
+            f"{len(plan.get('instances') or [])} instance(s); set replicas: auto or plan with replicas={replicas}"
+        )
+    if inst.get("devices") and replicas > 1:
+        problems.append(
+            f"instance {label!r}: explicit devices with replicas {replicas} would put every replica on the same "
+            "GPUs; drop devices and let the tensor_split plan (replicas: auto) place them"
+        )
+    return replicas, replicas > 1
+
+
+def _setting(inst, plan, key, problems):
+    """The effective value of a setting: the instance's, else the plan's, else FALLBACKS; refuse disagreement."""
+    mine = inst.get(key)
+    settings = (plan or {}).get("settings") or {}
+    planned = settings.get(PLAN_SETTINGS[key]) if key in PLAN_SETTINGS else None
+    if mine is not None and planned is not None and mine != planned:
+        problems.append(
+            f"instance {inst['name']!r}: {key} is {_fmt(mine)} but llamafleet_plan[{inst['name']!r}] was planned "
+            f"with {_fmt(planned)}; re-run the tensor_split planner with the same setting, or drop {key} from the "
+            "instance to use the plan's"
+        )
+    if mine is not None:
+        return mine
+    if planned is not None:
+        return planned
+    return FALLBACKS.get(key)
+
+
+def _tensor_split_arg(value, label, problems):
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    parts = [str(p).strip() for p in items]
+    if not parts or not all(_NUMBER.match(p) and not p.startswith("-") for p in parts):
+        problems.append(f"instance {label!r}: tensor_split must be non-negative numbers like '3,1' or [3, 1]")
+        return None
+    return ",".join(parts)
+
+
+def _placement(inst, plan_inst, plan_mode, caps, problems):
+    """Devices, env and GPU args: explicit instance settings, else the plan's instance, else CPU."""
+    label = inst["name"]
+    explicit = inst.get("devices") is not None
+    if explicit:
+        devices = list(inst["devices"])
+        if len(set(devices)) != len(devices) or any(d < 0 for d in devices):
+            problems.append(f"instance {label!r}: devices must be distinct nvidia-smi indices, got {devices}")
+        src = {
+            "devices": devices,
+            "cuda_visible_devices": ",".join(str(d) for d in devices) if devices else None,
+            "tensor_split_arg": _tensor_split_arg(inst.get("tensor_split"), label, problems),
+            "split_mode": inst.get("split_mode") or (("layer" if len(devices) > 1 else "none") if devices else None),
+            "main_gpu": inst.get("main_gpu"),
+            "n_gpu_layers": inst.get("n_gpu_layers"),
+        }
+        mode = "gpu" if devices else "cpu"
+        if not devices:
+            src["n_gpu_layers"] = 0
+    elif plan_inst is not None:
+        src = dict(plan_inst)
+        mode = plan_mode or ("gpu" if plan_inst.get("devices") else "cpu")
+        for key in ("split_mode", "main_gpu", "n_gpu_layers"):
+            if inst.get(key) is not None and src.get(key) is not None and inst[key] != src[key]:
+                problems.append(
+                    f"instance {label!r}: {key} is {inst[key]} but the plan chose {src[key]}; drop {key} from the "
+                    "instance or re-plan"
+                )
+        if inst.get("tensor_split") is not None:
+            problems.append(f"instance {label!r}: tensor_split is set but a plan exists; the plan chooses -ts")
+    else:  # no plan, no devices: CPU
+        src = {
+            "devices": [],
+            "cuda_visible_devices": None,
+            "tensor_split_arg": None,
+            "split_mode": None,
+            "main_gpu": None,
+            "n_gpu_layers": 0,
+        }
+        mode = "cpu"
+        for key in ("split_mode", "tensor_split", "main_gpu"):
+            if inst.get(key) is not None:
+                problems.append(f"instance {label!r}: {key} needs GPUs; set devices or give the instance a plan")
+
+    env = {}
+    args = []
+    if mode == "gpu":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = src.get("cuda_visible_devices") or ",".join(str(d) for d in src["devices"])
+        if caps.get("has_cuda") is False:
+            problems.append(
+                f"instance {label!r}: it runs on GPUs {env['CUDA_VISIBLE_DEVICES']} but the binary "
+                f"{caps.get('binary', '')} has no CUDA backend; install a CUDA build or plan for CPU"
+            )
+    elif caps.get("has_cuda"):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU instance of a CUDA build: hide the GPUs
+    # A CPU build ignores --n-gpu-layers (with a warning); a CUDA build running a CPU instance needs 0.
+    if src.get("n_gpu_layers") is not None and (mode == "gpu" or caps.get("has_cuda")):
+        args += ["--n-gpu-layers", str(src["n_gpu_layers"])]
+    if mode == "gpu":
+        if src.get("split_mode"):
+            args += ["--split-mode", src["split_mode"]]
+        if src.get("main_gpu") is not None:
+            args += ["--main-gpu", str(src["main_gpu"])]
+        if src.get("tensor_split_arg"):
+            args += ["--tensor-split", src["tensor_split_arg"]]
+    split_mode = src.get("split_mode") if mode == "gpu" else None
+    return mode, list(src.get("devices") or []), split_mode, env, args
+
+
+def _gpu_device_allow(devices: list[int]) -> list[str]:
+    # /dev/nvidia<N> uses the driver's minor number, which equals the nvidia-smi index on common
+    # hosts (both follow PCI bus order); nvidiactl and the UVM nodes are needed by every CUDA process.
+    return ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] + [f"/dev/nvidia{d}" for d in devices]
+
+
+def _extra_args(inst, flags: _Flags, problems):
+    label = inst["name"]
+    out = []
+    for tok in inst.get("extra_args") or []:
+        tok = str(tok)
+        if not _SAFE.match(tok):
+            problems.append(
+                f"instance {label!r}: extra_args item {tok!r} contains whitespace, a quote, a backslash or '$'; "
+                "pass the flag and its value as separate items without quoting"
+            )
+            continue
+        if tok.startswith("-") and not _NUMBER.match(tok):
+            flag = tok.split("=", 1)[0]
+            if flag in _CONTROLLED:
+                field = _CONTROLLED[flag]
+                why = (
+                    "API keys never go on the command line; set api_key (delivered as a root-only credential file)"
+                    if field == "api_key"
+                    else f"the role renders it; set the instance's {field} instead"
+                )
+                problems.append(f"instance {label!r}: extra_args may not contain {flag}: {why}")
+                continue
+            if flag in flags.removed:
+                problems.append(f"instance {label!r}: extra_args flag {flag} has been removed from this llama-server")
+                continue
+            if not flags.knows(flag):
+                problems.append(
+                    f"instance {label!r}: extra_args flag {flag} is not an option of this llama-server "
+                    "(its --help does not list it)"
+                )
+                continue
+        out.append(tok)
+    return out
+
+
+def _environment(inst, base_env, problems):
+    label = inst["name"]
+    env = dict(base_env)
+    for key, value in (inst.get("environment") or {}).items():
+        key = str(key)
+        if not _ENV_KEY.match(key):
+            problems.append(f"instance {label!r}: environment name {key!r} is not a valid variable name")
+            continue
+        if key in RESERVED_ENV:
+            problems.append(f"instance {label!r}: environment may not set {key}: the role sets {RESERVED_ENV[key]}")
+            continue
+        value = _fmt(value)
+        if value and not _SAFE.match(value):
+            problems.append(
+                f"instance {label!r}: environment {key} value contains whitespace, a quote, a backslash or '$'"
+            )
+            continue
+        env[key] = value
+    return env
+
+
+def render(
+    instances: list[dict],
+    *,
+    capabilities: dict,
+    model_info: dict,
+    models: dict | None = None,
+    plans: dict | None = None,
+    binary: str | None = None,
+    binary_identity: str | None = None,
+    config_dir: str = "/etc/llama-server",
+    advertise_host: str | None = None,
+    health_base_s: int = DEFAULT_HEALTH_BASE_S,
+    health_per_gib_s: int = DEFAULT_HEALTH_PER_GIB_S,
+) -> list[dict]:
+    """Render every instance (replicas expanded) or raise ServerArgsError listing every problem.
+
+    Each result: name, config_name, replica, unit, host, port, url, health_url, mode (gpu|cpu),
+    devices, split_mode, mtp, spec_type, model, model_path, model_size_bytes, api_key (bool),
+    key_file, args, env, health_timeout, env_file (text), dropin (text), notes.
+    """
+    problems: list[str] = []
+    caps = capabilities or {}
+    flags = _Flags(caps)
+    plans = plans or {}
+    binary = binary or caps.get("binary") or "llama-server"
+    if not _SAFE.match(binary) or not binary.startswith("/"):
+        problems.append(f"the llama-server binary path {binary!r} must be absolute, without whitespace or quotes")
+    for required in ("--model", "--host", "--port"):
+        if not flags.knows(required):
+            problems.append(
+                f"the binary {binary} does not list {required} in its --help; is this llama-server? "
+                f"(capabilities: {caps.get('build_info')})"
+            )
+
+    normalized = []
+    for raw in instances or []:
+        inst, p = normalize_instance(raw)
+        problems += p
+        if inst:
+            normalized.append(inst)
+
+    names = [i["name"] for i in normalized if i.get("name")]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"instance name {n!r} is used {names.count(n)} times; names must be unique")
+
+    rendered: list[dict] = []
+    for inst in normalized:
+        label = inst.get("name")
+        if not isinstance(label, str) or not _NAME.match(label):
+            problems.append(
+                f"instance name {label!r} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a "
+                "letter or digit (it becomes the systemd instance llama-server@<name>)"
+            )
+            continue
+        plan = plans.get(label)
+        if plan is not None and not isinstance(plan, dict):
+            problems.append(f"llamafleet_plan[{label!r}] must be a tensor_split plan (a mapping)")
+            plan = None
+        if plan and plan.get("fits") is False:
+            problems.append(f"llamafleet_plan[{label!r}] does not fit (fits: false); fix the plan first")
+        path, p = model_path_for(inst, models)
+        if p:
+            problems.append(p)
+            continue
+        info = model_info.get(path)
+        if info is None:
+            problems.append(f"instance {label!r}: no information about model {path} (not read)")
+            continue
+        if not path.startswith("/") or not _SAFE.match(path):
+            problems.append(
+                f"instance {label!r}: model path {path!r} must be absolute, without whitespace, quotes or '$' "
+                "(rename it or point a symlink at it)"
+            )
+            continue
+        for d in _FORBIDDEN_MODEL_DIRS:
+            if any(q == d or q.startswith(d + "/") for q in info.get("paths") or [path]):
+                problems.append(
+                    f"instance {label!r}: model {path} is under {d}, which the hardened unit hides "
+                    "(ProtectHome / PrivateTmp); move it, e.g. under /var/lib/llama-models or /srv"
+                )
+                break
+
+        host = str(inst.get("host") or "127.0.0.1")
+        if "," in host or host.endswith(".sock") or not _SAFE.match(host):
+            problems.append(
+                f"instance {label!r}: host {host!r} must be one IP address or host name (no lists, no UNIX sockets)"
+            )
+        port = inst.get("port")
+        if not isinstance(port, int) or not 1024 <= port <= 65535:
+            problems.append(
+                f"instance {label!r}: port {port!r} must be 1024-65535 (the service runs without "
+                "CAP_NET_BIND_SERVICE; put a reverse proxy in front for a low port)"
+            )
+            port = None
+        has_key = bool(inst.get("api_key"))
+        if inst.get("api_key") is not None and not has_key:
+            problems.append(f"instance {label!r}: api_key is empty; remove it or set a key")
+        if has_key and ("\n" in inst["api_key"] or "\r" in inst["api_key"] or "," in inst["api_key"]):
+            problems.append(f"instance {label!r}: api_key may not contain newlines or commas (one key per instance)")
+        if not has_key and not is_loopback(host) and not inst.get("allow_unauthenticated"):
+            problems.append(
+                f"instance {label!r}: host {host} is not a loopback address and there is no api_key; anyone who "
+                "can reach the port could use the model. Set api_key (vault it), bind 127.0.0.1, or set "
+                "allow_unauthenticated: true to accept that"
+            )
+        if has_key and not flags.knows("--api-key-file"):
+            problems.append(
+                f"instance {label!r}: api_key is set but the binary has no --api-key-file; the key would have "
+                "to go on the command line, which this role refuses. Use a newer llama-server"
+            )
+
+        mtp = _setting(inst, plan, "mtp", problems)
+        draft_n_max = _setting(inst, plan, "draft_n_max", problems)
+        spec_type = None
+        if mtp:
+            if not info.get("mtp"):
+                problems.append(
+                    f"instance {label!r}: mtp is on but model {path} has no MTP (nextn) layers "
+                    f"(nextn_predict_layers {info.get('nextn_predict_layers', 0)}); set mtp: false for this instance "
+                    "or use a model with MTP layers"
+                )
+            spec_type = caps.get("mtp_spec_type")
+            if not spec_type:
+                problems.append(
+                    f"instance {label!r}: mtp is on but the binary {binary} ({caps.get('build_info')}) has no MTP "
+                    f"speculative type (--spec-type lists: {', '.join(caps.get('spec_types') or []) or 'nothing'}); "
+                    "build llama.cpp with MTP or set mtp: false"
+                )
+            if not isinstance(draft_n_max, int) or draft_n_max < 1:
+                problems.append(f"instance {label!r}: draft_n_max must be a positive integer, got {draft_n_max!r}")
+
+        ctx = _setting(inst, plan, "context", problems)
+        common = ["--parallel", str(_setting(inst, plan, "parallel", problems))]
+        if _setting(inst, plan, "kv_unified", problems):
+            common += ["--kv-unified"]
+        for key, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
+            value = _setting(inst, plan, key, problems)
+            if value is not None:
+                if caps.get("cache_types") and value not in caps["cache_types"]:
+                    problems.append(f"instance {label!r}: {key} {value} is not a cache type this binary allows")
+                common += [flag, value]
+        if inst.get("flash_attn"):
+            common += ["--flash-attn", inst["flash_attn"]]
+        tuning = []
+        for key, flag in (
+            ("threads", "--threads"),
+            ("threads_batch", "--threads-batch"),
+            ("batch_size", "--batch-size"),
+            ("ubatch_size", "--ubatch-size"),
+        ):
+            if inst.get(key) is not None:
+                tuning += [flag, str(inst[key])]
+        if mtp and spec_type:
+            tuning += ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_n_max)]
+            for key, flag in (
+                ("draft_cache_type_k", "--spec-draft-type-k"),
+                ("draft_cache_type_v", "--spec-draft-type-v"),
+            ):
+                value = _setting(inst, plan, key, problems)
+                if value is not None:
+                    tuning += [flag, value]
+        for key, flag in (
+            ("temp", "--temp"),
+            ("top_k", "--top-k"),
+            ("top_p", "--top-p"),
+            ("min_p", "--min-p"),
+            ("repeat_penalty", "--repeat-penalty"),
+        ):
+            if inst.get(key) is not None:
+                tuning += [flag, _fmt(inst[key])]
+        extra = _extra_args(inst, flags, problems)
+
+        count, suffixed = _replica_count(inst, plan, problems)
+        for i in range(count):
+            name = f"{label}-{i}" if suffixed else label
+            plan_inst = _plan_instance(plan, i) if plan else None
+            mode, devices, split_mode, env, place_args = _placement(
+                inst, plan_inst, (plan or {}).get("mode"), caps, problems
+            )
+            if split_mode == "tensor" and mtp and not inst.get("force_split_mode_tensor"):
+                problems.append(
+                    f"instance {name!r}: --split-mode tensor with MTP is known to crash llama-server; use layer "
+                    "(re-plan with split_mode layer) or set force_split_mode_tensor: true to accept the risk"
+                )
+            if split_mode and caps.get("split_modes") and split_mode not in caps["split_modes"]:
+                problems.append(
+                    f"instance {name!r}: split mode {split_mode} is not one this binary knows "
+                    f"({', '.join(caps['split_modes'])})"
+                )
+            rport = port + i if port is not None else None
+            if rport is not None and rport > 65535:
+                problems.append(f"instance {name!r}: port {rport} (port + replica index) is above 65535")
+
+            args = ["--model", path, "--host", host, "--port", str(rport)]
+            if inst.get("alias"):
+                args += ["--alias", inst["alias"]]
+            if ctx is not None:
+                args += ["--ctx-size", str(ctx)]
+            args += common + place_args + tuning
+            notes = []
+            if inst.get("metrics"):
+                if flags.knows("--metrics"):
+                    args.append("--metrics")
+                else:
+                    notes.append("this llama-server has no --metrics; /metrics is off")
+            if not inst.get("webui"):
+                if flags.knows("--no-webui"):
+                    args.append("--no-webui")
+                else:
+                    notes.append("this llama-server has no --no-webui; its web UI stays on")
+            if has_key:
+                args += ["--api-key-file", credential_path(name)]
+            # Every flag rendered so far must be one the binary lists (values are never flags).
+            for tok in args:
+                if tok.startswith("--") and not flags.knows(tok):
+                    problems.append(f"instance {name!r}: this llama-server does not know {tok} (not in its --help)")
+            args += extra
+            for tok in args:
+                if not _SAFE.match(tok):
+                    problems.append(
+                        f"instance {name!r}: argument {tok!r} contains whitespace, a quote, a backslash or '$', "
+                        "which a systemd environment file cannot carry"
+                    )
+            env = _environment(inst, env, problems)
+
+            timeout = inst.get("health_timeout") or health_timeout(
+                info.get("size_bytes") or 0, health_base_s, health_per_gib_s
+            )
+            out = {
+                "name": name,
+                "config_name": label,
+                "replica": i if suffixed else None,
+                "unit": unit_name(name),
+                "host": host,
+                "port": rport,
+                "url": f"http://{_url_host(host, advertise_host)}:{rport}",
+                "health_url": f"http://{_url_host(host)}:{rport}/health",
+                "mode": mode,
+                "devices": devices,
+                "split_mode": split_mode,
+                "mtp": bool(mtp and spec_type),
+                "spec_type": spec_type if mtp else None,
+                "draft_n_max": draft_n_max if mtp else None,
+                "model": inst.get("model"),
+                "model_path": path,
+                "model_size_bytes": int(info.get("size_bytes") or 0),
+                "read_only_paths": sorted({q.rsplit("/", 1)[0] or "/" for q in info.get("paths") or [path]}),
+                "api_key": has_key,
+                "key_file": f"{config_dir}/{name}.key" if has_key else None,
+                "args": args,
+                "env": env,
+                "health_timeout": int(timeout),
+                "notes": notes,
+            }
+            out["env_file"] = env_file(
+                out, binary=binary, binary_identity=binary_identity, model_identity=info.get("identity")
+            )
+            out["dropin"] = dropin(out)
+            rendered.append(out)
+
+    seen_names: dict[str, str] = {}
+    seen_ports: dict[int, str] = {}
+    for r in rendered:
+        if r["name"] in seen_names and seen_names[r["name"]] != r["config_name"]:
+            problems.append(
+                f"instance name {r['name']!r} is produced twice (by {seen_names[r['name']]!r} and "
+                f"{r['config_name']!r}); rename one"
+            )
+        seen_names.setdefault(r["name"], r["config_name"])
+        if r["port"] is not None:
+            if r["port"] in seen_ports:
+                problems.append(
+                    f"port {r['port']} is used by both {seen_ports[r['port']]!r} and {r['name']!r}; give each instance "
+                    "its own port (replicas use port, port+1, ...)"
+                )
+            seen_ports.setdefault(r["port"], r["name"])
+
+    if problems:
+        # Keep the order, drop repeats (a setting checked once per replica).
+        raise ServerArgsError(list(dict.fromkeys(problems)))
+    return rendered
+
+
+def env_file(inst: dict, *, binary: str, binary_identity: str | None, model_identity: str | None) -> str:
+    """The instance's EnvironmentFile. The comments name the binary and model identities, so a new
+    build or a changed model file changes this file, which is what triggers the restart."""
+    lines = [
+        "# Managed by Ansible (llamafleet.mtp.llama_server_systemd); changes here are overwritten.",
+        f"# instance: {inst['name']} ({inst['mode']}"
+        + (f", GPUs {','.join(str(d) for d in inst['devices'])}" if inst["devices"] else "")
+        + ")",
+        f"# binary: {binary} [{binary_identity or 'unknown'}]",
+        f"# model: {inst['model_path']} [{model_identity or 'unknown'}]",
+        "LLAMA_SERVER_ARGS=" + " ".join(inst["args"]),
+    ]
+    lines += [f"{k}={v}" for k, v in inst["env"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def dropin(inst: dict) -> str:
+    """The instance's drop-in for llama-server@<name>.service: model paths read-only, the API key
+    credential, and for GPU instances what CUDA needs relaxed (see the role's README)."""
+    lines = [
+        "# Managed by Ansible (llamafleet.mtp.llama_server_systemd); changes here are overwritten.",
+        "[Service]",
+    ]
+    lines += [f"ReadOnlyPaths=-{p}" for p in inst["read_only_paths"]]
+    if inst["api_key"]:
+        lines.append(f"LoadCredential={CREDENTIAL}:{inst['key_file']}")
+    if inst["mode"] == "gpu":
+        lines += [
+            "# CUDA: the GPU device nodes (DevicePolicy=closed stays), W+X memory for the driver's JIT,",
+            "# /proc/driver/nvidia, and the NUMA/affinity syscalls of @resources.",
+            "PrivateDevices=no",
+        ]
+        lines += [f"DeviceAllow={d} rw" for d in _gpu_device_allow(inst["devices"])]
+        lines += [
+            "MemoryDenyWriteExecute=no",
+            "ProcSubset=all",
+            "SystemCallFilter=",
+            "SystemCallFilter=@system-service",
+            "SystemCallFilter=~@privileged",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# health
+
+
+def health_verdict(http_status, unit: dict, baseline: dict | None = None) -> tuple[str, str]:
+    """``(state, reason)`` with state ``ready``, ``loading``, ``starting`` or ``failed``.
+
+    ``http_status``: the /health status code, or None when nothing answered. ``unit``: systemd
+    properties read after that request (ActiveState, SubState, Result, MainPID, NRestarts,
+    ExecMainStatus); ``baseline``: MainPID / NRestarts right after the (re)start. llama-server
+    answers 503 while the model loads and 200 once ready; a load failure exits the process.
+    """
+    baseline = baseline or {}
+    active = unit.get("ActiveState")
+    sub = unit.get("SubState")
+    pid = _int(unit.get("MainPID"))
+    restarts = _int(unit.get("NRestarts"))
+    if active in ("failed", "inactive", "deactivating") or sub == "auto-restart":
+        return "failed", (
+            f"the service is {active}/{sub} (result {unit.get('Result')}, exit status "
+            f"{unit.get('ExecMainStatus')}): llama-server exited"
+        )
+    base_pid = _int(baseline.get("MainPID"))
+    if base_pid and pid and pid != base_pid:
+        return "failed", f"llama-server exited and systemd restarted it (pid {base_pid} -> {pid})"
+    base_restarts = _int(baseline.get("NRestarts"))
+    if base_restarts is not None and restarts is not None and restarts > base_restarts:
+        return "failed", f"llama-server exited and systemd restarted it ({restarts - base_restarts} time(s))"
+    if active != "active":
+        return "starting", f"the service is {active}/{sub}"
+    if http_status == 200:
+        return "ready", "/health answered 200"
+    if http_status == 503:
+        return "loading", "/health answered 503 (loading the model)"
+    if http_status is None:
+        return "starting", "nothing answers on the port yet"
+    return "failed", f"/health answered HTTP {http_status}; is another program listening on this port?"
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,427 @@
+#!/usr/bin/python
+"""Ansible module llamafleet.mtp.llama_server_args: render and check llama-server instances for systemd."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llama_server_args
+short_description: Render and check llama-server instances (arguments, environment, systemd drop-in)
+version_added: "0.1.0"
+description:
+  - Turns instance settings, the C(tensor_split) plans, the C(model_fetch) facts and the capabilities of the
+    llama-server binary into each instance's argument list, environment and systemd drop-in, or fails listing
+    every problem before anything is changed.
+  - Runs on the target host, where it reads each model's GGUF header (unless C(models) carries the
+    C(gguf_info) result) and the binary's identity; it changes nothing and never reports a change.
+  - Flags are rendered in their long spelling and only when the binary's C(--help) lists them; the MTP
+    C(--spec-type) spelling comes from the capabilities (C(mtp) on the PR 22673 build, C(draft-mtp) on mainline).
+  - Refuses duplicate instance names, port clashes, C(mtp) with a model or binary without MTP, C(--split-mode
+    tensor) with MTP unless forced, a non-loopback bind without an API key unless allowed, flags the binary does
+    not know, and API keys anywhere but O(instances[].api_key) (which is delivered as a root-only systemd credential
+    and passed with C(--api-key-file), never in argv).
+  - The pure logic is plugins/module_utils/llama_server_args.py.
+author:
+  - llamafleet maintainers
+options:
+  instances:
+    description:
+      - The instances (the role's C(llama_server_systemd_instances)). Settings left unset use the instance's plan
+        (C(plans[name])) where it has them, else llama-server's defaults, except C(parallel) (1), C(mtp) (true) and
+        C(draft_n_max) (2). A setting that disagrees with the plan is refused.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Instance name (systemd instance C(llama-server@<name>)); a-z, 0-9, '.', '_', '-'.
+        type: str
+        required: true
+      model:
+        description: A model name of C(model_fetch_facts) (its C(path) is served).
+        type: str
+      model_path:
+        description: The GGUF file to serve (first part of a split GGUF), instead of O(instances[].model).
+        type: path
+      host:
+        description: Address to bind (one IP or host name).
+        type: str
+        default: 127.0.0.1
+      port:
+        description: TCP port (1024-65535); replica I{i} uses port + I{i}.
+        type: int
+        required: true
+      context:
+        description: Total context C(--ctx-size) over all slots.
+        type: int
+      parallel:
+        description: Server slots C(--parallel) (default 1, or the plan's).
+        type: int
+      kv_unified:
+        description: C(--kv-unified).
+        type: bool
+      cache_type_k:
+        description: C(--cache-type-k).
+        type: str
+        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+      cache_type_v:
+        description: C(--cache-type-v).
+        type: str
+        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+      flash_attn:
+        description: C(--flash-attn).
+        type: str
+        choices: ["on", "off", auto]
+      mtp:
+        description: MTP speculative decoding (default true, or the plan's).
+        type: bool
+      draft_n_max:
+        description: C(--spec-draft-n-max) (default 2, or the plan's).
+        type: int
+      draft_cache_type_k:
+        description: C(--spec-draft-type-k).
+        type: str
+        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+      draft_cache_type_v:
+        description: C(--spec-draft-type-v).
+        type: str
+        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+      temp:
+        description: Default sampling temperature C(--temp).
+        type: float
+      top_k:
+        description: C(--top-k).
+        type: int
+      top_p:
+        description: C(--top-p).
+        type: float
+      min_p:
+        description: C(--min-p).
+        type: float
+      repeat_penalty:
+        description: C(--repeat-penalty).
+        type: float
+      alias:
+        description: Model name(s) the API reports, comma-separated (C(--alias)).
+        type: str
+      api_key:
+        description: API key; only its presence is returned.
+        type: str
+      allow_unauthenticated:
+        description: Allow a non-loopback O(instances[].host) without an API key.
+        type: bool
+        default: false
+      devices:
+        description: nvidia-smi indices of the GPUs to use, instead of the plan's.
+        type: list
+        elements: int
+      tensor_split:
+        description: C(--tensor-split) proportions with explicit O(instances[].devices) (C("3,1") or a list).
+        type: raw
+      split_mode:
+        description: C(--split-mode).
+        type: str
+        choices: [none, layer, row, tensor]
+      main_gpu:
+        description: C(--main-gpu).
+        type: int
+      n_gpu_layers:
+        description: C(--n-gpu-layers).
+        type: int
+      force_split_mode_tensor:
+        description: Accept C(--split-mode tensor) with MTP (known crashes).
+        type: bool
+        default: false
+      threads:
+        description: C(--threads).
+        type: int
+      threads_batch:
+        description: C(--threads-batch).
+        type: int
+      batch_size:
+        description: C(--batch-size).
+        type: int
+      ubatch_size:
+        description: C(--ubatch-size).
+        type: int
+      webui:
+        description: Keep the web UI (otherwise C(--no-webui)).
+        type: bool
+        default: false
+      metrics:
+        description: C(--metrics) (Prometheus C(/metrics)).
+        type: bool
+        default: true
+      extra_args:
+        description: More llama-server arguments, one token per item; flags the role renders are refused.
+        type: list
+        elements: str
+        default: []
+      environment:
+        description: More environment variables (not the API key, not C(CUDA_VISIBLE_DEVICES)).
+        type: dict
+        default: {}
+      replicas:
+        description: Number of instances, or C(auto) for one per instance of the plan (names C(<name>-<i>)).
+        type: raw
+        default: 1
+      health_timeout:
+        description: Seconds to wait for C(/health) 200 after a (re)start; default sized to the model.
+        type: int
+  binary:
+    description: Path of the llama-server executable the units run.
+    type: path
+    required: true
+  capabilities:
+    description: The C(capabilities) of M(llamafleet.mtp.llama_server_capabilities) for O(binary).
+    type: dict
+    required: true
+  models:
+    description: C(model_fetch_facts) (model name -> C(path), C(sha256), C(gguf), ...).
+    type: dict
+    default: {}
+  plans:
+    description: C(llamafleet_plan) (instance name -> the C(plan) of M(llamafleet.mtp.tensor_split)).
+    type: dict
+    default: {}
+  config_dir:
+    description: Directory of the instances' environment and key files.
+    type: path
+    default: /etc/llama-server
+  user:
+    description: The service user (to warn about model files it cannot read).
+    type: str
+    default: llama-server
+  advertise_host:
+    description: Host name used in the published URL of instances bound to a wildcard address.
+    type: str
+  health_timeout_base:
+    description: Health-gate timeout, fixed part in seconds.
+    type: int
+    default: 60
+  health_timeout_per_gib:
+    description: Health-gate timeout, seconds per GiB of model.
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+"""
+
+EXAMPLES = r"""
+- name: Render the instances
+  llamafleet.mtp.llama_server_args:
+    instances:
+      - name: qwen
+        model: qwen36-27b
+        port: 8080
+        api_key: "{{ vault_qwen_api_key }}"
+    binary: "{{ llamacpp_mtp_build_facts.server }}"
+    capabilities: "{{ llamacpp_mtp_build_facts.capabilities }}"
+    models: "{{ model_fetch_facts }}"
+    plans: "{{ llamafleet_plan | default({}) }}"
+  register: rendered
+"""
+
+RETURN = r"""
+instances:
+  description: One entry per systemd instance (replicas expanded).
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: Instance name (C(<name>-<i>) for replicas).
+      type: str
+    config_name:
+      description: The name in O(instances).
+      type: str
+    unit:
+      description: C(llama-server@<name>.service).
+      type: str
+    host:
+      description: Bind address.
+      type: str
+    port:
+      description: Port.
+      type: int
+    url:
+      description: Base URL (a wildcard bind uses O(advertise_host)).
+      type: str
+    health_url:
+      description: URL the health gate polls (loopback for wildcard binds).
+      type: str
+    mode:
+      description: C(gpu) or C(cpu).
+      type: str
+    devices:
+      description: nvidia-smi indices of its GPUs.
+      type: list
+      elements: int
+    mtp:
+      description: Whether MTP speculative decoding is on.
+      type: bool
+    spec_type:
+      description: The C(--spec-type) value (C(mtp) or C(draft-mtp)), null without MTP.
+      type: str
+    model_path:
+      description: The served GGUF file.
+      type: str
+    model_size_bytes:
+      description: Size of the model (all parts).
+      type: int
+    api_key:
+      description: Whether an API key is set.
+      type: bool
+    key_file:
+      description: Root-only file the key is written to (systemd passes it as a credential).
+      type: str
+    args:
+      description: The llama-server arguments.
+      type: list
+      elements: str
+    env:
+      description: Environment variables (C(CUDA_VISIBLE_DEVICES), C(CUDA_DEVICE_ORDER), ...).
+      type: dict
+    env_file:
+      description: Content of C(<config_dir>/<name>.env).
+      type: str
+    dropin:
+      description: Content of the unit drop-in (read-only model paths, credential, GPU relaxations).
+      type: str
+    health_timeout:
+      description: Seconds the health gate waits.
+      type: int
+    notes:
+      description: Flags left out because the binary lacks them.
+      type: list
+      elements: str
+binary_identity:
+  description: The binary's resolved path, size and modification time (in the env files, so a new build restarts).
+  returned: success
+  type: str
+"""
+
+import os
+import pwd
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import GGUFError, gguf_info
+from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_server_args import (
+    FIELDS,
+    ServerArgsError,
+    model_info_from_gguf,
+    model_path_for,
+    render,
+)
+
+
+def _stat_identity(paths: list[str]) -> str:
+    parts = []
+    for p in paths:
+        st = os.stat(p)
+        parts.append(f"{os.path.realpath(p)}:{st.st_size}:{st.st_mtime_ns}")
+    return " ".join(parts)
+
+
+def _unreadable(paths: list[str], user: str) -> list[str]:
+    try:
+        pw = pwd.getpwnam(user)
+        uid, gids = pw.pw_uid, {pw.pw_gid}
+    except KeyError:
+        uid, gids = None, set()
+    bad = []
+    for p in paths:
+        st = os.stat(p)
+        if (
+            st.st_mode & 0o004
+            or (st.st_uid == uid and st.st_mode & 0o400)
+            or (st.st_gid in gids and st.st_mode & 0o040)
+        ):
+            continue
+        bad.append(p)
+    return bad
+
+
+def main() -> None:
+    suboptions = {k: {kk: vv for kk, vv in v.items()} for k, v in FIELDS.items()}
+    module = AnsibleModule(
+        argument_spec={
+            "instances": {"type": "list", "elements": "dict", "required": True, "options": suboptions},
+            "binary": {"type": "path", "required": True},
+            "capabilities": {"type": "dict", "required": True},
+            "models": {"type": "dict", "default": {}},
+            "plans": {"type": "dict", "default": {}},
+            "config_dir": {"type": "path", "default": "/etc/llama-server"},
+            "user": {"type": "str", "default": "llama-server"},
+            "advertise_host": {"type": "str"},
+            "health_timeout_base": {"type": "int", "default": 60},
+            "health_timeout_per_gib": {"type": "int", "default": 30},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    binary = p["binary"]
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        module.fail_json(
+            msg=f"llama-server binary {binary} does not exist or is not executable; build/install it first"
+        )
+    st = os.stat(binary)
+    binary_identity = f"{os.path.realpath(binary)}:{st.st_size}:{st.st_mtime_ns}"
+
+    models = p["models"] or {}
+    model_info, problems = {}, []
+    for inst in p["instances"]:
+        path, problem = model_path_for(inst, models)
+        if problem or path in model_info:
+            continue
+        entry = models.get(inst.get("model")) if inst.get("model") else None
+        try:
+            if entry and entry.get("gguf"):
+                gguf = entry["gguf"]
+                paths = (gguf.get("split") or {}).get("paths") or [path]
+                shas = [f["sha256"] for f in entry.get("files") or [] if f.get("sha256")] or [entry.get("sha256")]
+                identity = "sha256:" + ",".join(shas) if all(shas) else _stat_identity(paths)
+            else:
+                gguf = gguf_info(path)
+                paths = gguf["split"]["paths"]
+                identity = _stat_identity(paths)
+        except GGUFError as e:
+            problems.append(f"instance {inst['name']!r}: model {path}: {e}")
+            continue
+        except OSError as e:
+            problems.append(f"instance {inst['name']!r}: model {path}: {e.strerror or e}")
+            continue
+        model_info[path] = model_info_from_gguf(gguf, identity)
+        for bad in _unreadable(paths, p["user"]):
+            module.warn(f"model file {bad} is not readable by {p['user']}; llama-server will fail to load it")
+    if problems:
+        module.fail_json(
+            msg="llama_server_systemd: nothing was changed; fix these and run again:\n- " + "\n- ".join(problems)
+        )
+
+    try:
+        instances = render(
+            p["instances"],
+            capabilities=p["capabilities"],
+            model_info=model_info,
+            models=models,
+            plans=p["plans"],
+            binary=binary,
+            binary_identity=binary_identity,
+            config_dir=p["config_dir"],
+            advertise_host=p["advertise_host"],
+            health_base_s=p["health_timeout_base"],
+            health_per_gib_s=p["health_timeout_per_gib"],
+        )
+    except ServerArgsError as e:
+        module.fail_json(msg=str(e), problems=e.problems)
+    module.exit_json(changed=False, instances=instances, binary_identity=binary_identity)
+
+
+if __name__ == "__main__":
+    main()
