@@ -1,0 +1,210 @@
+#!/usr/bin/python
+"""Ansible module: check and normalise the model_fetch model list; aggregate it over a fleet."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_fetch_plan
+short_description: Plan model_fetch - validate the model list, aggregate a fleet, plan deliveries, build the facts
+version_added: "0.1.0"
+description:
+  - With I(models), checks every model item (name, source C(hf), C(url) or C(controller), repo, file or include,
+    revision, sha256, url, controller_path, require_mtp, dir) and returns it normalised, with the directory it
+    goes to, and warns about a branch instead of a commit. A bad item fails with a message naming the model,
+    the key and the fix.
+  - With I(models) and I(manifest), also returns this host's plan - the files delivered by copy or get_url
+    (I(expect)), every known file (I(installed)) and the GGUF given to llama.cpp per model (I(heads)).
+  - With I(models), I(verified), I(ggufs) and I(heads), returns the C(model_fetch_facts) fact, and fails naming
+    the file when a model that requires MTP has no MTP (nextn) layers.
+  - With I(hosts) (host name to that host's normalised models), returns the distinct models of the fleet with
+    the hosts using each; one name must mean one model on every host.
+  - With I(fleet_models) and I(needed) (the hosts' missing files), returns what the controller must fetch
+    upstream, each file once.
+  - Pure computation; never changes anything.
+author:
+  - llamafleet maintainers
+options:
+  models:
+    description: Model items as given to the model_fetch role (C(model_fetch_models)).
+    type: list
+    elements: raw
+  models_dir:
+    description: Parent directory; each model goes to C(<models_dir>/<name>/) unless it sets C(dir).
+    type: path
+    default: /var/lib/llama-models
+  require_mtp:
+    description: Default of each model's C(require_mtp).
+    type: bool
+    default: true
+  warn:
+    description: Emit the warnings about unpinned revisions.
+    type: bool
+    default: true
+  hosts:
+    description: Host name to normalised models (the I(models) output of each host) to aggregate.
+    type: dict
+  manifest:
+    description:
+      - Files resolved so far, each C(model), C(name), C(sha256), C(size), C(path) (where the file is - the
+        controller cache or the controller path for files to copy, the host path for files the host fetched).
+        When given (even empty) with I(models), the host's plan is returned.
+    type: list
+    elements: dict
+  cache_dir:
+    description: Controller cache directory (fleet mode - url models are copied from C(<cache_dir>/<name>/)).
+    type: path
+    default: /tmp
+  fleet:
+    description: Whether hf and url models are fetched once on the controller and copied to the hosts.
+    type: bool
+    default: false
+  fleet_models:
+    description: The models the controller handles (entries of I(fleet)).
+    type: list
+    elements: dict
+  needed:
+    description: The hosts' missing files (C(missing) of llamafleet.mtp.model_verify), for I(fleet_models).
+    type: list
+    elements: dict
+  verified:
+    description: The installed files as llamafleet.mtp.model_verify reports them (C(files)), to build the facts.
+    type: list
+    elements: dict
+  heads:
+    description: Model name to the GGUF path llama.cpp is given (the I(heads) of the plan).
+    type: dict
+  ggufs:
+    description: Model name to its llamafleet.mtp.gguf_info result (C(gguf)).
+    type: dict
+  commits:
+    description: Model name to the commit its files were fetched at (hf models).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Normalise this host's models
+  llamafleet.mtp.model_fetch_plan:
+    models: "{{ model_fetch_models }}"
+    models_dir: /var/lib/llama-models
+  register: plan
+
+- name: Distinct models of the play
+  llamafleet.mtp.model_fetch_plan:
+    hosts: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, ['plan', 'models']))) }}"
+  run_once: true
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+models:
+  description:
+    - Normalised models - C(name), C(source), C(dir), C(require_mtp), C(repo), C(revision), C(pinned) (revision
+      is a commit sha), C(files) (names, null for include), C(include), C(sha256) (file name to sha256),
+      C(urls) (C(name), C(url)), C(controller_paths) (C(name), C(path)).
+  returned: when models is given
+  type: list
+  elements: dict
+fleet:
+  description: Distinct models with C(hosts) (the hosts that use each), sorted by name.
+  returned: when hosts is given
+  type: list
+  elements: dict
+expect:
+  description:
+    - Files the role delivers to this host by copy or get_url - C(model), C(name), C(path), C(sha256), C(size),
+      C(via) (C(copy) or C(get_url)), C(src) (controller path or URL).
+  returned: when manifest is given
+  type: list
+  elements: dict
+installed:
+  description: Every known file of this host's models - C(model), C(name), C(path).
+  returned: when manifest is given
+  type: list
+  elements: dict
+heads:
+  description: Model name to the GGUF path llama.cpp is given (the first part of a split set), null if not known yet.
+  returned: when manifest is given
+  type: dict
+controller_work:
+  description:
+    - C(hf) - the hf models with files some host misses, each with C(only) (those file names); C(url) - one
+      entry per missing URL file (C(model), C(name), C(path) in the controller cache, C(sha256), C(src) the URL).
+  returned: when fleet_models is given
+  type: dict
+facts:
+  description:
+    - Model name to C(path), C(paths), C(sha256), C(size_bytes), C(revision), C(repo), C(source), C(require_mtp),
+      C(gguf), C(files) (see docs/facts.md, C(model_fetch_facts)).
+  returned: when verified is given
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.model_fetch import (
+    ModelSpecError,
+    aggregate,
+    build_facts,
+    controller_work,
+    host_plan,
+    normalize_models,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "models": {"type": "list", "elements": "raw"},
+            "models_dir": {"type": "path", "default": "/var/lib/llama-models"},
+            "require_mtp": {"type": "bool", "default": True},
+            "warn": {"type": "bool", "default": True},
+            "hosts": {"type": "dict"},
+            "manifest": {"type": "list", "elements": "dict"},
+            "cache_dir": {"type": "path", "default": "/tmp"},
+            "fleet": {"type": "bool", "default": False},
+            "fleet_models": {"type": "list", "elements": "dict"},
+            "needed": {"type": "list", "elements": "dict"},
+            "verified": {"type": "list", "elements": "dict"},
+            "heads": {"type": "dict"},
+            "ggufs": {"type": "dict"},
+            "commits": {"type": "dict", "default": {}},
+        },
+        required_one_of=[["models", "hosts", "fleet_models"]],
+        required_together=[["fleet_models", "needed"]],
+        required_by={"verified": ["models", "heads", "ggufs"], "manifest": ["models"]},
+        supports_check_mode=True,
+    )
+    p = module.params
+    result = {"changed": False}
+    try:
+        if p["models"] is not None:
+            models, warnings = normalize_models(
+                p["models"], models_dir=p["models_dir"].rstrip("/"), require_mtp=p["require_mtp"]
+            )
+            for w in warnings if p["warn"] else []:
+                module.warn(w)
+            result["models"] = models
+            if p["manifest"] is not None:
+                result.update(host_plan(models, p["manifest"], cache_dir=p["cache_dir"], fleet=p["fleet"]))
+            if p["verified"] is not None:
+                facts, problems = build_facts(models, p["verified"], p["heads"], p["ggufs"], p["commits"] or {})
+                if problems:
+                    module.fail_json(msg="model_fetch: " + " ".join(problems), problems=problems, changed=False)
+                result["facts"] = facts
+        if p["hosts"] is not None:
+            result["fleet"] = aggregate({h: list(ms or []) for h, ms in p["hosts"].items()})
+        if p["fleet_models"] is not None:
+            result["controller_work"] = controller_work(p["fleet_models"], p["needed"])
+    except ModelSpecError as e:
+        module.fail_json(msg=f"model_fetch_models: {e}", changed=False)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
