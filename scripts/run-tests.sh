@@ -55,8 +55,9 @@ for scenario in ${MOLECULE_SCENARIOS:-$(ls -1 molecule)}; do
   [ -f "molecule/$scenario/molecule.yml" ] || continue
   stage "molecule:$scenario" molecule test -s "$scenario"
 done
-# README command 1, end to end on a fresh sandbox fleet, then torn down.
+# README command 1, end to end on a fresh sandbox fleet, then the fleet playbooks on it
+# (idempotence, the PR-merged upgrade, a failing upgrade with rollback, bench --tags autotune).
 stage sandbox-down-before bash scripts/sandbox.sh down
 stage sandbox-site bash scripts/run-sandbox.sh
-stage sandbox-site-idempotent bash -c 'bash scripts/run-sandbox.sh | tee /tmp/llamafleet-sandbox-2nd.log; grep -Eq "changed=0 +unreachable=0 +failed=0" /tmp/llamafleet-sandbox-2nd.log && ! grep -E "changed=[1-9]" /tmp/llamafleet-sandbox-2nd.log'
+stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q tests/integration/test_fleet_playbooks.py
 stage sandbox-down bash scripts/sandbox.sh down
