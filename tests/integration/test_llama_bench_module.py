@@ -25,18 +25,16 @@ def models(tmp_path_factory):
     return mm.write_all_small(tmp_path_factory.mktemp("models"))
 
 
-def _bench(url, **args):
-    cmd = [
-        str(Path(sys.executable).parent / "ansible"),
-        "localhost",
-        "-m",
-        "llamafleet.mtp.llama_bench",
-        "-a",
-        json.dumps(dict(url=url, n_predict=32, runs=2, **args)),
-        "-o",
-    ]
+def _run_bench(args: dict, timeout: int) -> subprocess.CompletedProcess:
+    """``ansible localhost -m llamafleet.mtp.llama_bench -a ARGS -o`` (one-line output)."""
+    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "llamafleet.mtp.llama_bench"]
+    cmd += ["-a", json.dumps(args), "-o"]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _bench(url, **args):
+    proc = _run_bench(dict(url=url, n_predict=32, runs=2, **args), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.split("=>", 1)[1])["row"]
 
@@ -59,15 +57,5 @@ def test_no_mtp_baseline_drafts_nothing(models, tmp_path):
 def test_server_without_metrics_is_a_clear_error(models, tmp_path):
     with serve(SERVER_BIN, models["tiny-agree"].paths[0], tmp_path) as srv:
         # a URL where /metrics is missing: the server's 404 for an unknown path prefix
-        cmd = [
-            str(Path(sys.executable).parent / "ansible"),
-            "localhost",
-            "-m",
-            "llamafleet.mtp.llama_bench",
-            "-a",
-            json.dumps(dict(url=srv.url("/nope"), label="x", warmup=0, runs=1)),
-            "-o",
-        ]
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        proc = _run_bench(dict(url=srv.url("/nope"), label="x", warmup=0, runs=1), timeout=120)
     assert proc.returncode != 0 and "answered 404" in proc.stdout

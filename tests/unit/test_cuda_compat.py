@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils import cuda_compat as cc
+from ansible_run import PLAYBOOK, isolated_env, posix_json_result
 from nvsmi_profiles import REPO, facts_from_profile, profile_path
 
 # Real captures -------------------------------------------------------------------------------
@@ -508,20 +509,10 @@ def test_bad_inputs():
 
 # The module, run by the real ansible CLI -------------------------------------------------------
 
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
-
 
 def run_module(args: dict, tmp_path) -> dict:
     """Run the module once on localhost with ARGS (written into a one-task playbook); return its result."""
-    env = {
-        "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
-        "HOME": os.environ.get("HOME", "/root"),
-        "LC_ALL": "C.UTF-8",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
-    }
+    env = isolated_env("/usr/bin:/bin:/usr/sbin:/sbin")
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"llamafleet.mtp.cuda_toolkit_plan": args}]}]
     book = tmp_path / "plan.yml"
     book.write_text(json.dumps(play))
@@ -529,11 +520,7 @@ def run_module(args: dict, tmp_path) -> dict:
     proc = subprocess.run(
         cmd + [str(book)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
     )
-    try:
-        report = json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail(f"ansible-playbook printed no JSON (rc {proc.returncode}): {proc.stdout}\n{proc.stderr}")
-    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return posix_json_result(proc, "ansible-playbook")
 
 
 def module_args(version, gpu_facts, **kw):

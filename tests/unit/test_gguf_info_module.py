@@ -8,44 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+from ansible_run import needs_ansible, run_module
 
 from tests.harness.gguf import qwen36_27b_header as qwen
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE = REPO / ".venv" / "bin" / "ansible"
-
-pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv (.venv/bin/ansible)")
-
-
-def run_module(args: str, check_mode: bool = False) -> dict:
-    """Run the module on localhost; return its result dict (from the json stdout callback)."""
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-        ANSIBLE_LOCALHOST_WARNING="0",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
-        ANSIBLE_NOCOLOR="1",
-    )
-    cmd = [str(ANSIBLE), "localhost", "-m", "llamafleet.mtp.gguf_info", "-a", args]
-    if check_mode:
-        cmd.append("--check")
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    # profile_tasks (enabled in ansible.cfg) prints a timestamp line before the JSON document
-    start = p.stdout.find("{\n")
-    assert start >= 0, f"no JSON in ansible output (rc {p.returncode}):\n{p.stdout}\n{p.stderr}"
-    doc, _ = json.JSONDecoder().raw_decode(p.stdout[start:])
-    result = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    assert (p.returncode != 0) == bool(result.get("failed")), p.stdout
-    return result
+pytestmark = needs_ansible
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +26,7 @@ def qwen_file(tmp_path_factory):
 
 
 def test_module_reads_the_qwen_stand_in(qwen_file):
-    result = run_module(f"path={qwen_file['path']}")
+    result = run_module("gguf_info", f"path={qwen_file['path']}")
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     g = result["gguf"]
@@ -83,7 +55,7 @@ def test_module_check_mode_and_split_part(tmp_path):
     parts = w.format_shard_names(tmp_path / "m.gguf")
     assert len(parts) == 2
 
-    result = run_module(f"path={parts[1]}", check_mode=True)
+    result = run_module("gguf_info", f"path={parts[1]}", check_mode=True)
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     g = result["gguf"]
@@ -95,7 +67,7 @@ def test_module_check_mode_and_split_part(tmp_path):
 
 def test_module_fails_clearly_on_missing_file(tmp_path):
     missing = tmp_path / "nope.gguf"
-    result = run_module(f"path={missing}")
+    result = run_module("gguf_info", f"path={missing}")
     assert result["failed"] is True
     assert result["changed"] is False
     assert result["msg"].startswith(f"{missing}: no such file")
@@ -104,7 +76,7 @@ def test_module_fails_clearly_on_missing_file(tmp_path):
 def test_module_fails_clearly_on_corrupt_and_truncated_files(tmp_path, qwen_file):
     bad = tmp_path / "model.gguf"
     bad.write_text("<html>404 Not Found</html>\n")
-    result = run_module(f"path={bad}")
+    result = run_module("gguf_info", f"path={bad}")
     assert result["failed"] is True
     assert "not a GGUF file: magic is '<htm'" in result["msg"]
 
@@ -112,7 +84,7 @@ def test_module_fails_clearly_on_corrupt_and_truncated_files(tmp_path, qwen_file
     cut = tmp_path / "partial.gguf"
     with open(qwen_file["path"], "rb") as src:
         cut.write_bytes(src.read(4 * 2**20))
-    result = run_module(f"path={cut}")
+    result = run_module("gguf_info", f"path={cut}")
     assert result["failed"] is True
     assert result["msg"].startswith(f"{cut}: file is truncated")
     assert "at byte offset" in result["msg"]

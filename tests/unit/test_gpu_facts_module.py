@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from ansible_run import ANSIBLE, isolated_env, needs_ansible, posix_json_result
 from nvsmi_profiles import PROFILES_DIR, REPO, STANDIN, facts_from_profile
 
-ANSIBLE = REPO / ".venv" / "bin" / "ansible"
-pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv's ansible")
+pytestmark = needs_ansible
 
 
 def gpu_facts(args: str = "", profile: str | None = None, path: str = "/usr/bin:/bin", check: bool = False) -> dict:
     """Run `ansible localhost -m llamafleet.mtp.gpu_facts -a ARGS`; return the host's result."""
-    env = {
-        "PATH": path,
-        "HOME": os.environ.get("HOME", "/root"),
-        "LC_ALL": "C.UTF-8",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
-    }
+    env = isolated_env(path)
     if profile:
         env["NVIDIA_SMI_PROFILE"] = str(PROFILES_DIR / f"{profile}.json") if "/" not in profile else profile
     cmd = [
@@ -39,11 +30,7 @@ def gpu_facts(args: str = "", profile: str | None = None, path: str = "/usr/bin:
     ]
     cmd += ["-m", "llamafleet.mtp.gpu_facts", "-a", args] + (["--check"] if check else [])
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    try:
-        report = json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail(f"ansible printed no JSON (rc {proc.returncode}): {proc.stdout}\n{proc.stderr}")
-    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return posix_json_result(proc)
 
 
 @pytest.mark.parametrize(

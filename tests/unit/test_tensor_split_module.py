@@ -7,43 +7,14 @@ a real ad-hoc run (AnsiballZ packaging, module_utils import by collection path, 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils import gguf_header
+from ansible_run import needs_ansible, run_module
 from nvsmi_profiles import facts_from_profile, profile_path
 
 from tests.harness.gguf import qwen36_27b_header as qwen
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE = REPO / ".venv" / "bin" / "ansible"
-
-pytestmark = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv (.venv/bin/ansible)")
-
-
-def run_module(args: dict, check_mode: bool = False) -> dict:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-        ANSIBLE_LOCALHOST_WARNING="0",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
-        ANSIBLE_NOCOLOR="1",
-    )
-    cmd = [str(ANSIBLE), "localhost", "-m", "llamafleet.mtp.tensor_split", "-a", json.dumps(args)]
-    if check_mode:
-        cmd.append("--check")
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    start = p.stdout.find("{\n")  # profile_tasks prints a timestamp line before the JSON document
-    assert start >= 0, f"no JSON in ansible output (rc {p.returncode}):\n{p.stdout}\n{p.stderr}"
-    doc, _ = json.JSONDecoder().raw_decode(p.stdout[start:])
-    result = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    assert (p.returncode != 0) == bool(result.get("failed")), p.stdout
-    return result
+pytestmark = needs_ansible
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +28,9 @@ def inputs(tmp_path_factory):
 
 
 def test_module_plans_a_fitting_split(inputs):
-    result = run_module({**inputs, "context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}, check_mode=True)
+    result = run_module(
+        "tensor_split", {**inputs, "context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}, check_mode=True
+    )
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     plan = result["plan"]
@@ -70,7 +43,7 @@ def test_module_plans_a_fitting_split(inputs):
 
 
 def test_module_refuses_with_numbers(inputs):
-    result = run_module({**inputs, "context": 262144})
+    result = run_module("tensor_split", {**inputs, "context": 262144})
     assert result["failed"] is True
     assert "does not fit" in result["msg"] and "16384 MiB free" in result["msg"]
     err = result["plan_error"]
@@ -80,6 +53,6 @@ def test_module_refuses_with_numbers(inputs):
 
 
 def test_module_rejects_bad_replicas(inputs):
-    result = run_module({**inputs, "context": 32768, "replicas": "lots"})
+    result = run_module("tensor_split", {**inputs, "context": 32768, "replicas": "lots"})
     assert result["failed"] is True
     assert "replicas" in result["msg"]
