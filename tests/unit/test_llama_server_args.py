@@ -434,8 +434,12 @@ def run_module(name, args, check_mode=False):
 @pytest.fixture(scope="module")
 def served():
     """A real model file in a directory the unit's sandbox does not hide (pytest's tmp is under /tmp,
-    which PrivateTmp hides, so the module would refuse it): tests/output/, git-ignored."""
-    d = REPO / "tests" / "output" / f"llama-server-args-{os.getpid()}"
+    which PrivateTmp hides, so the module would refuse it; so may the checkout, e.g. a CI clone
+    under /tmp): the harness cache dir, else tests/output/ (git-ignored)."""
+    base = Path(os.environ.get("LLAMA_MTP_CACHE", "/var/cache/llama-mtp-fleet"))
+    if not (base.is_dir() and os.access(base, os.W_OK)) or str(base).startswith(("/tmp/", "/var/tmp/")):
+        base = REPO / "tests" / "output"
+    d = base / "test-output" / f"llama-server-args-{os.getpid()}"
     mf = make_models.build_model("agree", d, name="tiny-agree")
     yield str(mf.paths[0])
     for p in mf.paths:
