@@ -126,12 +126,8 @@ options:
     description: Where to look for NVIDIA PCI devices when gpu_facts lists none.
     type: path
     default: /sys/bus/pci/devices
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - The driver's CUDA version is the C(CUDA Version) nvidia-smi prints (gpu_facts.cuda_driver_version).
 """

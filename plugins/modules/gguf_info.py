@@ -26,11 +26,8 @@ options:
       - Path of the GGUF file on the target host, or of any part of a split GGUF set.
     type: path
     required: true
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - Fails with the file name, what is wrong and the byte offset for missing, truncated, corrupt or non-GGUF files.
 """

@@ -34,13 +34,8 @@ options:
       - Fail when the host has no usable NVIDIA GPU (no nvidia-smi, or no devices).
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - C(topology.matrix) and the NUMA/CPU affinity come from C(nvidia-smi topo -m); link codes are kept
     exactly as nvidia-smi prints them (X, NV4, NV12, NV18, PIX, PXB, PHB, NODE, SYS).

@@ -203,13 +203,8 @@ options:
     description: Health-gate timeout, seconds per GiB of model.
     type: int
     default: 30
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -38,13 +38,8 @@ options:
       - Seconds each probe may run before it is killed (via coreutils C(timeout) when present).
     type: int
     default: 60
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - The probes run with C(LC_ALL=C) and without any C(LLAMA_ARG_*) variables of the environment
     (llama-server reads those as arguments).

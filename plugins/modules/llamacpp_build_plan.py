@@ -74,12 +74,8 @@ options:
     description: Install root holding C(builds/<sha12>-<key8>/) and the C(current) symlink.
     type: path
     default: /opt/llama.cpp
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - Resolution uses C(git ls-remote) through the git CLI (the ansible.builtin.git module has no
     resolve-only mode that peels annotated tags).

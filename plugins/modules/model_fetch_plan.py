@@ -81,11 +81,8 @@ options:
     description: Model name to the commit its files were fetched at (hf models).
     type: dict
     default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 """
 
 EXAMPLES = r"""

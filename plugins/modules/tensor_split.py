@@ -142,11 +142,8 @@ options:
         instead of failing. Defaults to true when C(gpu_facts.count) is 0 and false otherwise (GPUs that are all
         skipped are more likely a fault than a plan).
     type: bool
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
 notes:
   - Only layer and none split modes are modelled exactly; C(tensor) assumes every GPU holds its C(-ts) share of
     each layer, an approximation.
