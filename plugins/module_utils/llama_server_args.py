@@ -27,6 +27,8 @@ import ipaddress
 import math
 import re
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances
+
 UNIT = "llama-server"
 CREDENTIAL = "api-key"
 CREDENTIALS_DIR = "/run/credentials"  # systemd's $CREDENTIALS_DIRECTORY is <this>/<unit name>
@@ -34,55 +36,15 @@ GIB = 1024**3
 DEFAULT_HEALTH_BASE_S = 60
 DEFAULT_HEALTH_PER_GIB_S = 30
 
-CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
-SPLIT_MODES = ["none", "layer", "row", "tensor"]
-FLASH_ATTN = ["on", "off", "auto"]
+# The instance fields, their defaults and checks live in fleet_instances (the one instance resolver).
+FIELDS = fleet_instances.FIELDS
+CACHE_TYPES = fleet_instances.CACHE_TYPES
 
-# Instance settings: the role's argument spec documents the same fields. "default" None means
-# "not rendered" (llama-server's own default) or, where noted, "from the plan, else FALLBACKS".
-FIELDS: dict[str, dict] = {
-    "name": {"type": "str", "required": True},
-    "model": {"type": "str"},
-    "model_path": {"type": "path"},
-    "host": {"type": "str", "default": "127.0.0.1"},
-    "port": {"type": "int", "required": True},
-    "context": {"type": "int"},
-    "parallel": {"type": "int"},
-    "kv_unified": {"type": "bool"},
-    "cache_type_k": {"type": "str", "choices": CACHE_TYPES},
-    "cache_type_v": {"type": "str", "choices": CACHE_TYPES},
-    "flash_attn": {"type": "str", "choices": FLASH_ATTN},
-    "mtp": {"type": "bool"},
-    "draft_n_max": {"type": "int"},
-    "draft_cache_type_k": {"type": "str", "choices": CACHE_TYPES},
-    "draft_cache_type_v": {"type": "str", "choices": CACHE_TYPES},
-    "temp": {"type": "float"},
-    "top_k": {"type": "int"},
-    "top_p": {"type": "float"},
-    "min_p": {"type": "float"},
-    "repeat_penalty": {"type": "float"},
-    "alias": {"type": "str"},
-    "api_key": {"type": "str", "no_log": True},
-    "allow_unauthenticated": {"type": "bool", "default": False},
-    "devices": {"type": "list", "elements": "int"},
-    "tensor_split": {"type": "raw"},
-    "split_mode": {"type": "str", "choices": SPLIT_MODES},
-    "main_gpu": {"type": "int"},
-    "n_gpu_layers": {"type": "int"},
-    "force_split_mode_tensor": {"type": "bool", "default": False},
-    "threads": {"type": "int"},
-    "threads_batch": {"type": "int"},
-    "batch_size": {"type": "int"},
-    "ubatch_size": {"type": "int"},
-    "webui": {"type": "bool", "default": False},
-    "metrics": {"type": "bool", "default": True},
-    "extra_args": {"type": "list", "elements": "str", "default": []},
-    "environment": {"type": "dict", "default": {}},
-    "replicas": {"type": "raw", "default": 1},
-    "health_timeout": {"type": "int"},
-}
 # Used when neither the instance nor its plan sets them (the seeds' recommendation with MTP: one slot).
-FALLBACKS = {"parallel": 1, "mtp": True, "draft_n_max": 2}
+# (FIELDS' defaults; MTP on, as in the seeds). Set in the instance, they must agree with its plan.
+FALLBACKS = dict(
+    {k: v["default"] for k, v in FIELDS.items() if v.get("plan") and v.get("default") is not None}, mtp=True
+)
 # Instance field -> key of the plan's ``settings`` that must agree with it when both are set.
 PLAN_SETTINGS = {
     "context": "context",
@@ -121,6 +83,7 @@ CONTROLLED_FLAGS = {
     "threads_batch": ["-tb", "--threads-batch"],
     "batch_size": ["-b", "--batch-size"],
     "ubatch_size": ["-ub", "--ubatch-size"],
+    "rope_scaling": ["--rope-scaling", "--rope-scale"],
     "temp": ["--temp", "--temperature"],
     "top_k": ["--top-k"],
     "top_p": ["--top-p"],
@@ -210,44 +173,8 @@ def health_timeout(size_bytes: int, base_s: int = DEFAULT_HEALTH_BASE_S, per_gib
 
 
 def normalize_instance(raw: dict) -> tuple[dict, list[str]]:
-    """Apply FIELDS' defaults and check types; returns ``(instance, problems)``.
-
-    The Ansible module's argument spec already did this; tests and other callers rely on it here.
-    """
-    problems = []
-    label = raw.get("name") if isinstance(raw, dict) else None
-    if not isinstance(raw, dict):
-        return {}, [f"an instance must be a mapping, got {type(raw).__name__}"]
-    unknown = sorted(set(raw) - set(FIELDS))
-    if unknown:
-        problems.append(f"instance {label!r}: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
-    inst = {}
-    for key, spec in FIELDS.items():
-        value = raw.get(key)
-        if value is None:
-            if spec.get("required"):
-                problems.append(f"instance {label!r}: '{key}' is required")
-            default = spec.get("default")
-            inst[key] = (
-                list(default) if isinstance(default, list) else dict(default) if isinstance(default, dict) else default
-            )
-            continue
-        t = spec["type"]
-        ok = (
-            (t in ("str", "path") and isinstance(value, str))
-            or (t == "int" and isinstance(value, int) and not isinstance(value, bool))
-            or (t == "float" and isinstance(value, (int, float)) and not isinstance(value, bool))
-            or (t == "bool" and isinstance(value, bool))
-            or (t == "list" and isinstance(value, list))
-            or (t == "dict" and isinstance(value, dict))
-            or t == "raw"
-        )
-        if not ok:
-            problems.append(f"instance {label!r}: '{key}' must be a {t}, got {value!r}")
-        elif spec.get("choices") and value not in spec["choices"]:
-            problems.append(f"instance {label!r}: '{key}' must be one of {', '.join(spec['choices'])}, got {value!r}")
-        inst[key] = float(value) if t == "float" and ok else value
-    return inst, problems
+    """Apply FIELDS' defaults and check types (fleet_instances.normalize); returns ``(instance, problems)``."""
+    return fleet_instances.normalize(raw)
 
 
 def model_path_for(inst: dict, models: dict | None) -> tuple[str | None, str | None]:
@@ -358,6 +285,8 @@ def _tensor_split_arg(value, label, problems):
 def _placement(inst, plan_inst, plan_mode, caps, problems):
     """Devices, env and GPU args: explicit instance settings, else the plan's instance, else CPU."""
     label = inst["name"]
+    if inst.get("split_mode") == "auto":  # the planner's choice, not a llama-server value
+        inst = dict(inst, split_mode=None)
     explicit = inst.get("devices") is not None
     if explicit:
         devices = list(inst["devices"])
@@ -383,8 +312,14 @@ def _placement(inst, plan_inst, plan_mode, caps, problems):
                     f"instance {label!r}: {key} is {inst[key]} but the plan chose {src[key]}; drop {key} from the "
                     "instance or re-plan"
                 )
-        if inst.get("tensor_split") is not None:
-            problems.append(f"instance {label!r}: tensor_split is set but a plan exists; the plan chooses -ts")
+        if inst.get("tensor_split") is not None:  # a forced -ts over the plan's GPUs
+            forced = _tensor_split_arg(inst["tensor_split"], label, problems)
+            if forced and len(forced.split(",")) != len(src.get("devices") or []):
+                problems.append(
+                    f"instance {label!r}: tensor_split {forced} has {len(forced.split(','))} part(s) but the plan "
+                    f"uses {len(src.get('devices') or [])} GPU(s) ({src.get('devices')}); set devices with it"
+                )
+            src["tensor_split_arg"] = forced
     else:  # no plan, no devices: CPU
         src = {
             "devices": [],
@@ -526,6 +461,10 @@ def render(
         inst, p = normalize_instance(raw)
         problems += p
         if inst:
+            # Settings the instance leaves unset come from its plan (else FALLBACKS), not FIELDS' defaults.
+            for key in PLAN_SETTINGS:
+                if raw.get(key) is None:
+                    inst[key] = None
             normalized.append(inst)
 
     names = [i["name"] for i in normalized if i.get("name")]
@@ -648,6 +587,10 @@ def render(
                 value = _setting(inst, plan, key, problems)
                 if value is not None:
                     tuning += [flag, value]
+        if inst.get("rope_scaling"):
+            tuning += ["--rope-scaling", inst["rope_scaling"]]
+            if inst.get("rope_scale") is not None:
+                tuning += ["--rope-scale", _fmt(inst["rope_scale"])]
         for key, flag in (
             ("temp", "--temp"),
             ("top_k", "--top-k"),

@@ -57,35 +57,90 @@ options:
       parallel:
         description: Server slots C(--parallel) (default 1, or the plan's).
         type: int
+        default: 1
       kv_unified:
         description: C(--kv-unified).
         type: bool
+        default: false
       cache_type_k:
         description: C(--cache-type-k).
         type: str
-        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+        choices:
+          - f32
+          - f16
+          - bf16
+          - q8_0
+          - q4_0
+          - q4_1
+          - iq4_nl
+          - q5_0
+          - q5_1
+        default: f16
       cache_type_v:
         description: C(--cache-type-v).
         type: str
-        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+        choices:
+          - f32
+          - f16
+          - bf16
+          - q8_0
+          - q4_0
+          - q4_1
+          - iq4_nl
+          - q5_0
+          - q5_1
+        default: f16
       flash_attn:
         description: C(--flash-attn).
         type: str
-        choices: ["on", "off", auto]
+        choices:
+          - 'on'
+          - 'off'
+          - auto
       mtp:
         description: MTP speculative decoding (default true, or the plan's).
         type: bool
       draft_n_max:
         description: C(--spec-draft-n-max) (default 2, or the plan's).
         type: int
+        default: 2
       draft_cache_type_k:
         description: C(--spec-draft-type-k).
         type: str
-        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+        choices:
+          - f32
+          - f16
+          - bf16
+          - q8_0
+          - q4_0
+          - q4_1
+          - iq4_nl
+          - q5_0
+          - q5_1
+        default: f16
       draft_cache_type_v:
         description: C(--spec-draft-type-v).
         type: str
-        choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
+        choices:
+          - f32
+          - f16
+          - bf16
+          - q8_0
+          - q4_0
+          - q4_1
+          - iq4_nl
+          - q5_0
+          - q5_1
+        default: f16
+      rope_scaling:
+        description: Opt into a context above the training one.
+        type: str
+        choices:
+          - linear
+          - yarn
+      rope_scale:
+        description: --rope-scale (with rope_scaling).
+        type: float
       temp:
         description: Default sampling temperature C(--temp).
         type: float
@@ -107,6 +162,7 @@ options:
       api_key:
         description: API key; only its presence is returned.
         type: str
+        no_log: true
       allow_unauthenticated:
         description: Allow a non-loopback O(instances[].host) without an API key.
         type: bool
@@ -115,13 +171,22 @@ options:
         description: nvidia-smi indices of the GPUs to use, instead of the plan's.
         type: list
         elements: int
+      max_gpus:
+        description: At most this many GPUs per replica.
+        type: int
       tensor_split:
         description: C(--tensor-split) proportions with explicit O(instances[].devices) (C("3,1") or a list).
         type: raw
       split_mode:
         description: C(--split-mode).
         type: str
-        choices: [none, layer, row, tensor]
+        choices:
+          - auto
+          - none
+          - layer
+          - row
+          - tensor
+        default: auto
       main_gpu:
         description: C(--main-gpu).
         type: int
@@ -199,6 +264,12 @@ options:
     description: Health-gate timeout, fixed part in seconds.
     type: int
     default: 60
+  binary_identity:
+    description:
+      - What the environment file names as the binary's identity, instead of the binary's path, size and mtime.
+        The role passes C(pending <build>) in check mode when a new build would be installed, so the predicted
+        environment file differs from the current one exactly as the real run's will.
+    type: str
   health_timeout_per_gib:
     description: Health-gate timeout, seconds per GiB of model.
     type: int
@@ -305,9 +376,9 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import argument_spec
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import GGUFError, gguf_info
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_server_args import (
-    FIELDS,
     ServerArgsError,
     model_info_from_gguf,
     model_path_for,
@@ -343,7 +414,7 @@ def _unreadable(paths: list[str], user: str) -> list[str]:
 
 
 def main() -> None:
-    suboptions = {k: {kk: vv for kk, vv in v.items()} for k, v in FIELDS.items()}
+    suboptions = argument_spec()
     module = AnsibleModule(
         argument_spec={
             "instances": {"type": "list", "elements": "dict", "required": True, "options": suboptions},
@@ -356,17 +427,20 @@ def main() -> None:
             "advertise_host": {"type": "str"},
             "health_timeout_base": {"type": "int", "default": 60},
             "health_timeout_per_gib": {"type": "int", "default": 30},
+            "binary_identity": {"type": "str"},
         },
         supports_check_mode=True,
     )
     p = module.params
     binary = p["binary"]
-    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        module.fail_json(
-            msg=f"llama-server binary {binary} does not exist or is not executable; build/install it first"
-        )
-    st = os.stat(binary)
-    binary_identity = f"{os.path.realpath(binary)}:{st.st_size}:{st.st_mtime_ns}"
+    binary_identity = p["binary_identity"]
+    if binary_identity is None:
+        if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+            module.fail_json(
+                msg=f"llama-server binary {binary} does not exist or is not executable; build/install it first"
+            )
+        st = os.stat(binary)
+        binary_identity = f"{os.path.realpath(binary)}:{st.st_size}:{st.st_mtime_ns}"
 
     models = p["models"] or {}
     model_info, problems = {}, []

@@ -1,0 +1,473 @@
+"""The declared state of a host and the one instance resolver.
+
+Pure logic, no Ansible imports. Everything a host should run is declared in the inventory:
+
+* the llama.cpp ref (``llamacpp_mtp_build_ref``; ``playbooks/upgrade.yml`` writes the fleet-wide value into
+  ``<inventory>/group_vars/all/llamafleet_release.yml``);
+* the models (``llamafleet_models``) and the model upgrades (``llamafleet_release_models``: instance -> model);
+* the instances (``llamafleet_instances``, fields in ``FIELDS`` below);
+* the benchmark's autotune result (``llamafleet_autotune``: instance -> best draft-n-max).
+
+``resolve`` turns that into one list of complete, validated instances: defaults applied once, autotune and
+model upgrades applied once. The planner's settings (``planner_kwargs``) and the server's arguments
+(``llama_server_args.render``) are both derived from the resolved instance, so they cannot disagree.
+``FIELDS`` is the only place an instance field, its default and its check are written: the server role's
+``meta/argument_specs.yml`` and the modules' DOCUMENTATION are checked against it by a unit test.
+
+Every problem names the host, the instance and the field, and all of them are listed at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
+
+# The llama.cpp ref when the inventory declares none (PR ggml-org/llama.cpp#22673 merged as b9180).
+# The llamacpp_mtp_build role's default is the same (checked by a unit test).
+DEFAULT_REF = "b9180"
+DEFAULT_DRAFT_N_MAX = 2
+CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+SPLIT_MODES = ["auto", "none", "layer", "row", "tensor"]
+FLASH_ATTN = ["on", "off", "auto"]
+ROPE_SCALING = ["linear", "yarn"]
+
+# name -> spec. "default": applied by resolve (None: not rendered, llama-server's own default, or the
+# plan's where "plan" names the planner option). "doc": the one description (the role's argument_specs
+# and the llama_server_args module's DOCUMENTATION carry the same fields; a unit test compares them).
+FIELDS: dict = {
+    "name": {"type": "str", "required": True, "doc": "Instance name; the unit is llama-server@<name>.service."},
+    "model": {"type": "str", "doc": "A model name of llamafleet_models (model_fetch_facts); its path is served."},
+    "model_path": {"type": "path", "doc": "The GGUF file to serve (first part of a split GGUF), instead of model."},
+    "host": {"type": "str", "default": "127.0.0.1", "doc": "Address to bind (one IP address or host name)."},
+    "port": {"type": "int", "required": True, "doc": "TCP port, 1024-65535; replica i uses port + i."},
+    "context": {"type": "int", "plan": "context", "doc": "Total context (--ctx-size) over all slots."},
+    "parallel": {"type": "int", "default": 1, "plan": "parallel", "doc": "Server slots (--parallel)."},
+    "kv_unified": {"type": "bool", "default": False, "plan": "kv_unified", "doc": "Unified KV cache."},
+    "cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_k"},
+    "cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_v"},
+    "flash_attn": {"type": "str", "choices": FLASH_ATTN, "doc": "--flash-attn."},
+    "mtp": {"type": "bool", "plan": "mtp", "doc": "MTP speculative decoding; default on when the model has MTP."},
+    "draft_n_max": {"type": "int", "default": DEFAULT_DRAFT_N_MAX, "plan": "draft_n_max"},
+    "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_k"},
+    "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_v"},
+    "rope_scaling": {"type": "str", "choices": ROPE_SCALING, "doc": "Opt into a context above the training one."},
+    "rope_scale": {"type": "float", "doc": "--rope-scale (with rope_scaling)."},
+    "temp": {"type": "float"},
+    "top_k": {"type": "int"},
+    "top_p": {"type": "float"},
+    "min_p": {"type": "float"},
+    "repeat_penalty": {"type": "float"},
+    "alias": {"type": "str", "doc": "--alias (the model name clients see)."},
+    "api_key": {"type": "str", "no_log": True, "doc": "API key, delivered as a root-only systemd credential."},
+    "allow_unauthenticated": {"type": "bool", "default": False, "doc": "Allow a non-loopback bind without a key."},
+    "devices": {"type": "list", "elements": "int", "plan": "devices", "doc": "GPU indices to use."},
+    "max_gpus": {"type": "int", "plan": "max_gpus", "doc": "At most this many GPUs per replica."},
+    "tensor_split": {"type": "raw", "doc": "A forced -ts (e.g. '3,1' or [3, 1]), instead of the plan's."},
+    "split_mode": {"type": "str", "default": "auto", "choices": SPLIT_MODES, "plan": "split_mode"},
+    "main_gpu": {"type": "int"},
+    "n_gpu_layers": {"type": "int"},
+    "force_split_mode_tensor": {"type": "bool", "default": False, "plan": "force_tensor_split"},
+    "threads": {"type": "int"},
+    "threads_batch": {"type": "int"},
+    "batch_size": {"type": "int"},
+    "ubatch_size": {"type": "int"},
+    "webui": {"type": "bool", "default": False},
+    "metrics": {"type": "bool", "default": True},
+    "extra_args": {"type": "list", "elements": "str", "default": []},
+    "environment": {"type": "dict", "default": {}},
+    "replicas": {"type": "raw", "default": 1, "plan": "replicas", "doc": "Replicas on disjoint GPU sets, or auto."},
+    "health_timeout": {"type": "int", "doc": "Seconds to wait for /health 200 (default: sized to the model)."},
+}
+POSITIVE = ("port", "parallel", "draft_n_max", "max_gpus", "threads", "threads_batch", "batch_size", "ubatch_size")
+# Settings the plan decides when the instance leaves them unset (the server then uses the plan's value).
+PLANNED = ("context", "mtp")
+
+ANSIBLE_SPEC_KEYS = ("type", "required", "default", "choices", "elements", "no_log")
+
+
+def argument_spec():
+    """FIELDS as an Ansible argument spec (suboptions of an ``instances`` option)."""
+    return {k: {kk: _copy(v[kk]) for kk in ANSIBLE_SPEC_KEYS if kk in v} for k, v in FIELDS.items()}
+
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+class DeclaredStateError(Exception):
+    """Bad declared state; ``problems`` lists every one found."""
+
+    def __init__(self, problems):
+        self.problems = list(dict.fromkeys(problems))
+        super().__init__(
+            "llamafleet: nothing was changed; fix the declared state (inventory) and run again:\n- "
+            + "\n- ".join(self.problems)
+        )
+
+
+def where(host, instance=None, field=None):
+    """``host h, instance 'i', field 'f'``: the prefix of every message."""
+    parts = [f"host {host}"] if host else []
+    if instance is not None:
+        parts.append(f"instance {instance!r}")
+    if field is not None:
+        parts.append(f"field {field!r}")
+    return ", ".join(parts)
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
+
+
+def _type_ok(spec, value):
+    t = spec["type"]
+    if t in ("str", "path"):
+        return isinstance(value, str)
+    if t == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t == "bool":
+        return isinstance(value, bool)
+    if t == "list":
+        if not isinstance(value, list):
+            return False
+        if spec.get("elements") == "int":
+            return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if spec.get("elements") == "str":
+            return all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
+        return True
+    if t == "dict":
+        return isinstance(value, dict)
+    return True
+
+
+def _coerce(spec, value):
+    """Ansible templating turns ints into strings ("4096"); accept what the role's argument spec would."""
+    t = spec["type"]
+    if isinstance(value, str):
+        v = value.strip()
+        if t == "int" and re.match(r"^-?\d+$", v):
+            return int(v)
+        if t == "float" and re.match(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$", v):
+            return float(v)
+        if t == "bool" and v.lower() in ("true", "false", "yes", "no"):
+            return v.lower() in ("true", "yes")
+    if t == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _close(name, known):
+    match = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+def normalize(raw, host=None, fields=FIELDS):
+    """One instance: defaults applied, types and choices checked; returns ``(instance, problems)``."""
+    if not isinstance(raw, dict):
+        return {}, [f"{where(host)}: an instance must be a mapping, got {type(raw).__name__}"]
+    label = raw.get("name")
+    problems = []
+    for key in sorted(set(raw) - set(fields)):
+        hint = _close(str(key), fields)
+        problems.append(f"{where(host, label, key)}: unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
+    inst = {}
+    for key, spec in fields.items():
+        value = raw.get(key)
+        if value is None:
+            if spec.get("required"):
+                problems.append(f"{where(host, label, key)}: is required")
+            inst[key] = _copy(spec.get("default"))
+            continue
+        value = _coerce(spec, value)
+        if not _type_ok(spec, value):
+            what = spec["type"] + (f" of {spec['elements']}" if spec.get("elements") else "")
+            problems.append(f"{where(host, label, key)}: must be a {what}, got {value!r}")
+        elif spec.get("choices") and value not in spec["choices"]:
+            problems.append(f"{where(host, label, key)}: must be one of {', '.join(spec['choices'])}, got {value!r}")
+        elif key in POSITIVE and value < 1 or key == "context" and value < 1:
+            problems.append(f"{where(host, label, key)}: must be a positive integer, got {value!r}")
+        inst[key] = value
+    return inst, problems
+
+
+def _replicas_ok(value):
+    if isinstance(value, str):
+        v = value.strip().lower()
+        return v == "auto" or (v.isdigit() and int(v) >= 1)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def resolve(
+    instances,
+    *,
+    host=None,
+    autotune=None,
+    model_overrides=None,
+    instance_overrides=None,
+    models=None,
+):
+    """The host's instances, complete and validated; returns ``(instances, problems)``.
+
+    ``autotune``: instance -> best draft-n-max (used where the instance does not pin draft_n_max);
+    ``model_overrides``: instance -> model name (model upgrades); ``instance_overrides``: instance ->
+    {field: value} applied last (benchmark variants); ``models``: the declared model names, or None to
+    skip that check.
+    """
+    problems = []
+    if instances is None:
+        instances = []
+    if not isinstance(instances, list):
+        return [], [f"{where(host)}, field 'llamafleet_instances': must be a list of instances"]
+    names = [i.get("name") for i in instances if isinstance(i, dict)]
+    for table, what in ((autotune, "llamafleet_autotune"), (model_overrides, "llamafleet_release_models")):
+        if table is not None and not isinstance(table, dict):
+            problems.append(f"{where(host)}, field {what!r}: must be a mapping of instance name to a value")
+        for n in sorted(set(table or {}) - set(names)) if isinstance(table, dict) else []:
+            problems.append(f"{where(host, n)}, field {what!r}: names an instance that is not declared")
+    for n in sorted(set(instance_overrides or {}) - set(names)):
+        problems.append(f"{where(host, n)}: an override names an instance that is not declared")
+
+    out = []
+    for raw in instances:
+        if not isinstance(raw, dict):
+            problems.append(f"{where(host)}: an instance must be a mapping, got {type(raw).__name__}")
+            continue
+        label = raw.get("name")
+        merged = dict(raw)
+        new_model = (model_overrides or {}).get(label) if isinstance(model_overrides, dict) else None
+        if new_model is not None:
+            merged["model"] = new_model
+            merged.pop("model_path", None)
+        best = (autotune or {}).get(label) if isinstance(autotune, dict) else None
+        if best is not None and raw.get("draft_n_max") is None:
+            if isinstance(best, bool) or not isinstance(best, int) or best < 1:
+                problems.append(f"{where(host, label, 'draft_n_max')}: llamafleet_autotune gives {best!r}, not >= 1")
+            else:
+                merged["draft_n_max"] = best
+        merged.update((instance_overrides or {}).get(label) or {})
+        inst, p = normalize(merged, host)
+        problems += p
+        if not isinstance(label, str) or not _NAME.match(label or ""):
+            problems.append(
+                f"{where(host, label, 'name')}: must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting "
+                "with a letter or digit (it becomes the systemd instance llama-server@<name>)"
+            )
+        if inst and not _replicas_ok(inst.get("replicas")):
+            problems.append(f"{where(host, label, 'replicas')}: must be a positive integer or 'auto'")
+        if inst.get("model") and inst.get("model_path"):
+            problems.append(f"{where(host, label, 'model')}: set either model or model_path, not both")
+        elif not inst.get("model") and not inst.get("model_path") and inst:
+            problems.append(f"{where(host, label, 'model')}: no model; set model (a llamafleet_models name)")
+        elif models is not None and inst.get("model") and inst["model"] not in models:
+            problems.append(
+                f"{where(host, label, 'model')}: {inst['model']!r} is not in llamafleet_models "
+                f"(declared: {', '.join(sorted(models)) or 'none'})"
+            )
+        if inst.get("rope_scale") is not None and not inst.get("rope_scaling"):
+            problems.append(f"{where(host, label, 'rope_scale')}: set rope_scaling (linear or yarn) with it")
+        if inst.get("split_mode") == "tensor" and inst.get("mtp") and not inst.get("force_split_mode_tensor"):
+            problems.append(
+                f"{where(host, label, 'split_mode')}: tensor with MTP is known to crash llama-server (llama.cpp "
+                "#23294, #24309); use layer or auto, or set force_split_mode_tensor: true to accept the risk"
+            )
+        if inst:
+            out.append(inst)
+
+    seen = {}
+    for inst in out:
+        n = inst.get("name")
+        if n in seen:
+            problems.append(f"{where(host, n, 'name')}: is declared twice; names must be unique")
+        seen[n] = inst
+    ports = {}
+    for inst in out:
+        p = inst.get("port")
+        if isinstance(p, int) and p in ports:
+            problems.append(f"{where(host, inst['name'], 'port')}: {p} is also the port of {ports[p]!r}")
+        ports.setdefault(p, inst.get("name"))
+    return out, problems
+
+
+def planner_kwargs(inst):
+    """The tensor_split planner's options for one resolved instance (tensor_plan.plan keyword arguments)."""
+    kwargs = {}
+    for key, spec in FIELDS.items():
+        target = spec.get("plan")
+        if target:
+            kwargs[target] = inst.get(key)
+    if kwargs.get("split_mode") == "row":
+        kwargs["split_mode"] = "layer"  # the same memory per device; the planner knows layer
+    if kwargs.get("replicas") is not None and str(kwargs["replicas"]).strip().lower() == "auto":
+        kwargs["replicas"] = "auto"
+    elif kwargs.get("replicas") is not None:
+        kwargs["replicas"] = int(kwargs["replicas"])
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def with_plan(inst, plan):
+    """The instance with the settings the plan decided where the instance left them unset."""
+    out = dict(inst)
+    settings = (plan or {}).get("settings") or {}
+    for key in PLANNED:
+        if out.get(key) is None and settings.get(key) is not None:
+            out[key] = settings[key]
+    return out
+
+
+def context_problems(inst, gguf, host=None, n_ctx_seq=None):
+    """Refuse a context above the model's training context unless the instance opts into rope scaling."""
+    train = (gguf or {}).get("context_length")
+    if not train or inst.get("rope_scaling"):
+        return []
+    ctx = inst.get("context")
+    if ctx is None:
+        return []
+    per_slot = n_ctx_seq or ctx
+    if per_slot > train:
+        return [
+            f"{where(host, inst.get('name'), 'context')}: {ctx} gives {per_slot} tokens per slot, above the "
+            f"model's training context {train} ({(gguf or {}).get('path') or 'the model'}); lower it, or opt "
+            "into rope scaling with rope_scaling: yarn (and rope_scale)"
+        ]
+    return []
+
+
+def memory_problems(host, needs, mem_available_bytes, held_bytes):
+    """CPU hosts: the instances' host RAM must fit in MemAvailable plus what their running processes hold.
+
+    ``needs``: instance name -> MiB the plan needs; ``held_bytes``: instance name -> bytes its running
+    process(es) hold now (freed when it restarts).
+    """
+    if mem_available_bytes is None or not needs:
+        return []
+    budget = int(mem_available_bytes) + sum(int(v or 0) for v in (held_bytes or {}).values())
+    total = sum(int(v or 0) for v in needs.values()) * 1024 * 1024
+    if total <= budget:
+        return []
+    detail = ", ".join(f"{n} {m} MiB" for n, m in sorted(needs.items()))
+    return [
+        f"{where(host, ', '.join(sorted(needs)) if len(needs) > 1 else next(iter(needs)), 'context')}: the "
+        f"instances need {total // 1048576} MiB of host RAM ({detail}) but {budget // 1048576} MiB are available "
+        f"(MemAvailable {int(mem_available_bytes) // 1048576} MiB + {(budget - int(mem_available_bytes)) // 1048576}"
+        " MiB held by the running instances); lower context/parallel or use a quantized KV cache"
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# the build ref: which way is a change?
+
+
+def ref_order(ref):
+    """A sortable position for refs whose order is known: a PR branch (pull/N) is before every release
+    tag (bN); release tags sort by number. None for refs whose order is unknown (branches, shas)."""
+    r = str(ref or "").strip()
+    m = re.match(r"^(?:refs/)?pull/(\d+)(?:/head)?$", r) or re.match(r"^(\d+)$", r)
+    if m:
+        return (0, int(m.group(1)))
+    m = re.match(r"^b(\d+)$", r)
+    if m:
+        return (1, int(m.group(1)))
+    if r.startswith("mainline") or r in ("master", "main"):
+        return (2, 0)
+    return None
+
+
+def downgrade_problem(host, running, declared_ref, allow=False):
+    """A running build (its build-info: ref, name) that the declared ref would replace by an older one."""
+    if allow or not running or not declared_ref:
+        return None
+    running_ref = running.get("ref")
+    if not running_ref or str(running_ref) == str(declared_ref):
+        return None
+    a, b = ref_order(running_ref), ref_order(declared_ref)
+    if a is None or b is None or a[0] == 0 and b[0] == 0 or not b < a:
+        return None
+    return (
+        f"{where(host)}, field 'llamacpp_mtp_build_ref': the host runs build {running.get('name')} "
+        f"(ref {running_ref}) but the declared ref {declared_ref} is older: a downgrade nobody declared "
+        "(is the ref set for this host or group outside group_vars/all/llamafleet_release.yml?). Declare the "
+        "ref you want, or set llamafleet_allow_downgrade: true"
+    )
+
+
+def declared_state(
+    *,
+    host,
+    ref,
+    instances,
+    models,
+    autotune=None,
+    model_overrides=None,
+    running_build=None,
+    allow_downgrade=False,
+):
+    """The host's declared state: ``{ref, instances, models}``; raises DeclaredStateError."""
+    problems = []
+    model_names = None
+    if models is not None:
+        if not isinstance(models, list) or not all(isinstance(m, dict) and m.get("name") for m in models):
+            problems.append(f"{where(host)}, field 'llamafleet_models': must be a list of models with a name")
+            models = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+        model_names = [m.get("name") for m in models]
+    resolved, p = resolve(instances, host=host, autotune=autotune, model_overrides=model_overrides, models=model_names)
+    problems += p
+    if ref is None or str(ref).strip() == "":
+        ref = DEFAULT_REF
+    down = downgrade_problem(host, running_build, ref, allow_downgrade)
+    if down:
+        problems.append(down)
+    if problems:
+        raise DeclaredStateError(problems)
+    return {"ref": str(ref), "instances": resolved, "models": list(models or [])}
+
+
+# --------------------------------------------------------------------------------------------
+# the plan stage
+
+
+def _replica_names(name, count):
+    return [name] + [f"{name}-{i}" for i in range(count)]
+
+
+def plan_host(*, host, instances, models, gpu_facts, host_state):
+    """Plan every resolved instance of a host; returns ``{plan, instances, problems, notes}``.
+
+    ``models``: model_fetch_facts (name -> {gguf, path, ...}); ``host_state``: the llama_host_state fact
+    (MemAvailable and what the running instances hold, for CPU plans). Instances that serve a
+    ``model_path`` are not planned (their header is read on the host by the server role).
+    """
+    plans, out, problems, notes = {}, [], [], []
+    cpu_needs, held = {}, {}
+    running = (host_state or {}).get("instances") or {}
+    for inst in instances:
+        name = inst.get("name")
+        if inst.get("model_path"):
+            notes.append(f"{where(host, name)}: serves model_path {inst['model_path']}; not planned")
+            out.append(dict(inst))
+            continue
+        entry = (models or {}).get(inst.get("model")) or {}
+        gguf = entry.get("gguf")
+        if not gguf:
+            problems.append(
+                f"{where(host, name, 'model')}: model {inst.get('model')!r} has no GGUF header in model_fetch_facts "
+                "(run the models stage first)"
+            )
+            continue
+        try:
+            p = plan(gpu_facts or {}, gguf, **planner_kwargs(inst))
+        except PlanError as e:
+            problems.append(f"{where(host, name)}: {e.message}")
+            continue
+        settings = p.get("settings") or {}
+        problems += context_problems(inst, gguf, host, settings.get("n_ctx_seq"))
+        plans[name] = p
+        out.append(with_plan(inst, p))
+        if p.get("mode") == "cpu":
+            cpu_needs[name] = sum(int(i.get("host_mib") or i.get("required_mib") or 0) for i in p["instances"])
+            count = len(p.get("instances") or [])
+            held[name] = sum(int((running.get(n) or {}).get("rss_bytes") or 0) for n in _replica_names(name, count))
+    problems += memory_problems(host, cpu_needs, (host_state or {}).get("mem_available_bytes"), held)
+    return {"plan": plans, "instances": out, "problems": problems, "notes": notes}

@@ -1,0 +1,96 @@
+#!/usr/bin/python
+"""Documentation of the action plugin llamafleet.mtp.fleet_declared (plugins/action/fleet_declared.py)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: fleet_declared
+short_description: Resolve and check what a host should run, from the inventory, before anything changes
+version_added: "0.2.0"
+description:
+  - The one instance resolver (plugins/module_utils/fleet_instances.py) run on the controller, no connection to
+    the host - the first step of site.yml, upgrade.yml and bench.yml.
+  - Applies every instance field's default once, the benchmark's autotune result (C(draft_n_max) where the
+    instance does not pin it) and model upgrades (instance -> model), and checks every field - types, choices,
+    unknown fields (with a suggestion), unique names and ports, declared model names, C(tensor) split with MTP.
+  - Refuses an undeclared downgrade - the host runs a newer build than the declared ref (a PR branch is older than
+    every release tag C(bN); tags compare by number) - unless O(allow_downgrade).
+  - Fails with one message that lists every problem, each naming the host, the instance and the field.
+  - Returns the resolved state; a successful result is kept out of the output (the instances carry API keys).
+    Register it (site.yml registers C(llamafleet_declared)).
+author:
+  - llamafleet maintainers (@llamafleet)
+options:
+  ref:
+    description: The llama.cpp ref to run (C(llamacpp_mtp_build_ref), or C(llamafleet_upgrade_ref) in an upgrade).
+    type: str
+    default: b9180
+  instances:
+    description: The declared instances (C(llamafleet_instances)); fields as in the llama_server_systemd role.
+    type: list
+    elements: dict
+    default: []
+  models:
+    description: The declared models (C(llamafleet_models)); instances must name one of them.
+    type: list
+    elements: dict
+  autotune:
+    description: Instance name -> best draft-n-max (C(llamafleet_autotune), written by C(bench.yml --tags autotune)).
+    type: dict
+    default: {}
+  model_overrides:
+    description: Instance name -> model name (C(llamafleet_release_models) combined with C(llamafleet_upgrade_models)).
+    type: dict
+    default: {}
+  running_build:
+    description: The installed build's info (C(llama_host_state.build)), for the downgrade check.
+    type: dict
+  allow_downgrade:
+    description: Accept a declared ref older than the running build (C(llamafleet_allow_downgrade)).
+    type: bool
+    default: false
+attributes:
+  action:
+    support: full
+    description: Runs on the controller as an action plugin.
+  check_mode:
+    support: full
+    description: Only computes; the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+"""
+
+EXAMPLES = r"""
+- name: Resolve and check the declared state
+  llamafleet.mtp.fleet_declared:
+    ref: "{{ llamacpp_mtp_build_ref }}"
+    instances: "{{ llamafleet_instances }}"
+    models: "{{ llamafleet_models }}"
+    autotune: "{{ llamafleet_autotune | default({}) }}"
+    running_build: "{{ ansible_facts.llama_host_state.build }}"
+  register: llamafleet_declared
+"""
+
+RETURN = r"""
+ref:
+  description: The llama.cpp ref to build and run.
+  returned: success
+  type: str
+instances:
+  description: The resolved instances (every field present, defaults applied, autotune and model upgrades applied).
+  returned: success
+  type: list
+  elements: dict
+models:
+  description: The declared models.
+  returned: success
+  type: list
+  elements: dict
+problems:
+  description: Every problem found, each naming the host, the instance and the field.
+  returned: failure
+  type: list
+  elements: str
+"""

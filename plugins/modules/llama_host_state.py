@@ -1,0 +1,187 @@
+#!/usr/bin/python
+"""Ansible module llamafleet.mtp.llama_host_state: what a host runs now (build, instances, memory)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llama_host_state
+short_description: Read what a llama.cpp host runs now - installed build, llama-server instances, free memory
+version_added: "0.2.0"
+description:
+  - One read-only round trip at the start of a converge, before anything changes. Reports the installed
+    llama.cpp build (C(<install_root>/current/build-info.json) and where C(current) and C(previous) point),
+    every C(llama-server@) instance configured under C(config_dir) (its systemd state, main PID and the memory its
+    process holds), the host's C(MemAvailable), and whether python3-apt is importable (apt's check mode needs it).
+  - The fleet playbooks use it to tell serving hosts (rolling converge) from fresh ones (parallel), to refuse an
+    undeclared downgrade, and to check host RAM for CPU instances (C(MemAvailable) plus what the instance's
+    running process already holds).
+  - Sets the fact C(llama_host_state).
+author:
+  - llamafleet maintainers (@llamafleet)
+options:
+  install_root:
+    description: Where the llamacpp_mtp_build role installs builds.
+    type: path
+    default: /opt/llama.cpp
+  config_dir:
+    description: The llama_server_systemd role's configuration directory (one C(<name>.env) per instance).
+    type: path
+    default: /etc/llama-server
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Read what the host runs now
+  llamafleet.mtp.llama_host_state:
+
+- name: Serving hosts roll, fresh hosts converge in parallel
+  ansible.builtin.group_by:
+    key: "llamafleet_{{ 'serving' if ansible_facts.llama_host_state.serving else 'fresh' }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: The fact C(llama_host_state).
+  returned: always
+  type: dict
+  contains:
+    llama_host_state:
+      description: What the host runs now.
+      type: dict
+      contains:
+        build:
+          description: The installed build's info (name, ref, commit, key, ...), or null when none is installed.
+          type: dict
+        current:
+          description: The build directory name C(current) points at, or null.
+          type: str
+        previous:
+          description: The build directory name C(previous) points at, or null.
+          type: str
+        instances:
+          description: >-
+            Instance name to C(active_state), C(sub_state), C(main_pid), C(rss_bytes) (what its process holds now)
+            and C(n_restarts).
+          type: dict
+        serving:
+          description: At least one instance is active.
+          type: bool
+        mem_available_bytes:
+          description: C(MemAvailable) of /proc/meminfo, or null.
+          type: int
+        mem_total_bytes:
+          description: C(MemTotal) of /proc/meminfo, or null.
+          type: int
+        python_apt:
+          description: Whether the Python that runs modules can import apt (python3-apt).
+          type: bool
+"""
+
+import glob
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _meminfo():
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _rss(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _link(path):
+    try:
+        return os.path.basename(os.readlink(path).rstrip("/"))
+    except OSError:
+        return None
+
+
+def _python_apt():
+    try:
+        import apt  # noqa: F401  # pylint: disable=unused-import,import-outside-toplevel
+
+        return True
+    except ImportError:
+        return False
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "install_root": {"type": "path", "default": "/opt/llama.cpp"},
+            "config_dir": {"type": "path", "default": "/etc/llama-server"},
+        },
+        supports_check_mode=True,
+    )
+    root = module.params["install_root"]
+    build = None
+    try:
+        with open(os.path.join(root, "current", "build-info.json")) as f:
+            info = json.load(f)
+        build = {k: info.get(k) for k in ("name", "ref", "commit", "key", "cuda", "build_number")}
+        build["mtp_spec_type"] = (info.get("capabilities") or {}).get("mtp_spec_type")
+    except (OSError, ValueError):
+        pass
+
+    instances = {}
+    systemctl = module.get_bin_path("systemctl")
+    for env in sorted(glob.glob(os.path.join(module.params["config_dir"], "*.env"))):
+        name = os.path.basename(env)[: -len(".env")]
+        state = {"active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0, "rss_bytes": 0}
+        if systemctl:
+            rc, out, _ = module.run_command(
+                [
+                    systemctl,
+                    "show",
+                    f"llama-server@{name}.service",
+                    "-p",
+                    "ActiveState,SubState,MainPID,NRestarts",
+                ]
+            )
+            props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
+            state["active_state"] = props.get("ActiveState")
+            state["sub_state"] = props.get("SubState")
+            state["main_pid"] = int(props.get("MainPID") or 0)
+            state["n_restarts"] = int(props.get("NRestarts") or 0) if (props.get("NRestarts") or "").isdigit() else 0
+            if state["main_pid"]:
+                state["rss_bytes"] = _rss(state["main_pid"])
+        instances[name] = state
+
+    mem = _meminfo()
+    facts = {
+        "build": build,
+        "current": _link(os.path.join(root, "current")),
+        "previous": _link(os.path.join(root, "previous")),
+        "instances": instances,
+        "serving": any(i["active_state"] == "active" for i in instances.values()),
+        "mem_available_bytes": mem.get("MemAvailable"),
+        "mem_total_bytes": mem.get("MemTotal"),
+        "python_apt": _python_apt(),
+    }
+    module.exit_json(changed=False, ansible_facts={"llama_host_state": facts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The one instance resolver (plugins/module_utils/fleet_instances.py): defaults, autotune and model
+upgrades applied once, every problem naming host, instance and field, the planner's settings and the
+server's arguments derived from the same resolved instance, and the documentation that must not drift."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances as fi
+from ansible_collections.llamafleet.mtp.plugins.module_utils import llama_server_args as la
+from ansible_collections.llamafleet.mtp.plugins.module_utils import tensor_plan
+
+from tests.harness.gguf import make_models
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = [{"name": "m", "source": "controller"}, {"name": "m2", "source": "controller"}]
+
+
+def resolve(instances, **kw):
+    return fi.resolve(instances, host="h1", models=["m", "m2"], **kw)
+
+
+def test_defaults_are_applied_once():
+    (inst,), problems = resolve([{"name": "main", "model": "m", "port": 8080}])
+    assert problems == []
+    assert inst["draft_n_max"] == fi.DEFAULT_DRAFT_N_MAX == 2
+    assert inst["parallel"] == 1 and inst["cache_type_k"] == "f16" and inst["host"] == "127.0.0.1"
+    assert inst["mtp"] is None  # decided by the plan: on when the model has MTP layers
+
+
+def test_autotune_fills_only_unpinned_draft_n_max():
+    out, problems = resolve(
+        [{"name": "a", "model": "m", "port": 8080}, {"name": "b", "model": "m", "port": 8081, "draft_n_max": 4}],
+        autotune={"a": 3, "b": 1},
+    )
+    assert problems == []
+    assert [i["draft_n_max"] for i in out] == [3, 4]
+
+
+def test_model_upgrade_and_bench_override():
+    (inst,), problems = resolve(
+        [{"name": "a", "model": "m", "port": 8080}],
+        model_overrides={"a": "m2"},
+        instance_overrides={"a": {"mtp": False}},
+    )
+    assert problems == []
+    assert inst["model"] == "m2" and inst["mtp"] is False
+
+
+def test_every_problem_names_host_instance_and_field():
+    _, problems = resolve(
+        [
+            {"name": "a", "model": "nope", "port": 80.5, "contxt": 4096, "cache_type_k": "q3"},
+            {"name": "b", "model": "m", "port": 8081, "draft_n_max": 0},
+            {"name": "b", "model": "m", "port": 8081},
+        ],
+        autotune={"zz": 2},
+        model_overrides={"a": "m2"},
+    )
+    text = "\n".join(problems)
+    assert "host h1, instance 'a', field 'contxt': unknown field (did you mean 'context'?)" in text
+    assert "host h1, instance 'a', field 'port': must be a int" in text
+    assert "host h1, instance 'a', field 'cache_type_k': must be one of" in text
+    assert "host h1, instance 'b', field 'draft_n_max': must be a positive integer" in text
+    assert "host h1, instance 'b', field 'name': is declared twice" in text
+    assert "host h1, instance 'b', field 'port': 8081 is also the port of 'b'" in text
+    assert "host h1, instance 'zz', field 'llamafleet_autotune'" in text
+    assert all(p.startswith("host h1") for p in problems)
+
+
+def test_model_not_declared():
+    _, problems = resolve([{"name": "a", "model": "nope", "port": 8080}])
+    assert problems == ["host h1, instance 'a', field 'model': 'nope' is not in llamafleet_models (declared: m, m2)"]
+
+
+def test_declared_state_raises_one_message():
+    with pytest.raises(fi.DeclaredStateError) as e:
+        fi.declared_state(host="h1", ref="b9180", instances=[{"name": "a", "port": 8080}], models=MODELS)
+    assert str(e.value).startswith("llamafleet: nothing was changed")
+    assert "host h1, instance 'a', field 'model'" in str(e.value)
+
+
+def test_templated_strings_are_coerced():
+    (inst,), problems = resolve([{"name": "a", "model": "m", "port": "8080", "context": "4096", "mtp": "true"}])
+    assert problems == [] and inst["port"] == 8080 and inst["context"] == 4096 and inst["mtp"] is True
+
+
+@pytest.mark.parametrize(
+    "running,declared,refused",
+    [
+        ("pull/22673", "mainline-0c1e570", False),  # the PR merged: an upgrade
+        ("mainline-0c1e570", "pull/22673", True),  # back to the PR branch: nobody declared that
+        ("b9180", "b9000", True),
+        ("b9000", "b9180", False),
+        ("b9180", "pull/22673", True),
+        ("b9180", "feature-branch", False),  # unknown order: not refused
+        ("pull/1", "pull/2", False),  # two PR branches: unknown order
+    ],
+)
+def test_downgrade_rule(running, declared, refused):
+    problem = fi.downgrade_problem("h1", {"ref": running, "name": "x-" + running}, declared)
+    assert bool(problem) is refused
+    if refused:
+        assert running in problem and declared in problem and "llamafleet_allow_downgrade" in problem
+    assert fi.downgrade_problem("h1", {"ref": running}, declared, allow=True) is None
+
+
+def test_planner_kwargs_are_what_the_planner_takes():
+    (inst,), _ = resolve(
+        [{"name": "a", "model": "m", "port": 8080, "draft_cache_type_k": "q8_0", "kv_unified": True, "max_gpus": 2}]
+    )
+    kwargs = fi.planner_kwargs(inst)
+    assert kwargs["draft_cache_type_k"] == "q8_0" and kwargs["kv_unified"] is True and kwargs["max_gpus"] == 2
+    import inspect
+
+    assert set(kwargs) <= set(inspect.signature(tensor_plan.plan).parameters)
+
+
+def test_plan_and_server_agree(tmp_path):
+    """The planner's settings and the server's arguments come from one resolved instance (no drift)."""
+    path = make_models.build_model("agree", tmp_path, name="t").paths[0]
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    gguf = gguf_info(str(path))
+    (inst,), _ = resolve(
+        [{"name": "a", "model": "m", "port": 8080, "context": 2048, "cache_type_k": "q8_0"}], autotune={"a": 3}
+    )
+    out = fi.plan_host(
+        host="h1",
+        instances=[inst],
+        models={"m": {"gguf": gguf, "path": str(path)}},
+        gpu_facts={"count": 0, "gpus": []},
+        host_state={"mem_available_bytes": 8 << 30, "instances": {}},
+    )
+    assert out["problems"] == []
+    plan = out["plan"]["a"]
+    assert plan["settings"]["draft_n_max"] == 3 and plan["settings"]["cache_type_k"] == "q8_0"
+    caps = {"flags": ["--model", "--host", "--port", "--ctx-size", "--parallel", "--cache-type-k", "--cache-type-v",
+                      "--spec-type", "--spec-draft-n-max", "--spec-draft-type-k", "--spec-draft-type-v",
+                      "--metrics", "--no-webui"], "mtp_spec_type": "draft-mtp"}  # fmt: skip
+    info = dict(la.model_info_from_gguf(gguf, "id"), paths=["/var/lib/llama-models/m/t.gguf"])
+    served = "/var/lib/llama-models/m/t.gguf"  # where model_fetch puts it (the unit hides /tmp)
+    (r,) = la.render(
+        out["instances"], capabilities=caps, model_info={served: info}, models={"m": {"path": served}},
+        plans=out["plan"], binary="/opt/llama.cpp/current/bin/llama-server",
+    )  # fmt: skip
+    assert "--spec-draft-n-max 3" in " ".join(r["args"]) and "--cache-type-k q8_0" in " ".join(r["args"])
+
+
+def test_plan_refuses_context_above_training_and_ram(tmp_path):
+    path = make_models.build_model("agree", tmp_path, name="t").paths[0]
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    gguf = gguf_info(str(path))
+    train = gguf["context_length"]
+    (big,), _ = resolve([{"name": "a", "model": "m", "port": 8080, "context": 99999999}])
+    out = fi.plan_host(
+        host="h1",
+        instances=[big],
+        models={"m": {"gguf": gguf}},
+        gpu_facts={"count": 0, "gpus": []},
+        host_state={"mem_available_bytes": 4 << 30, "instances": {"a": {"rss_bytes": 100 << 20}}},
+    )
+    text = "\n".join(out["problems"])
+    assert "host h1, instance 'a', field 'context': 99999999 gives 100000000 tokens per slot" in text
+    assert f"above the model's training context {train}" in text
+    assert "MiB of host RAM" in text and "MemAvailable 4096 MiB + 100 MiB held by the running instances" in text
+    # rope scaling opts into a longer context; memory is still checked
+    (rope,), _ = resolve([{"name": "a", "model": "m", "port": 8080, "context": train * 2, "rope_scaling": "yarn"}])
+    ok = fi.plan_host(
+        host="h1", instances=[rope], models={"m": {"gguf": gguf}}, gpu_facts={"count": 0, "gpus": []},
+        host_state={"mem_available_bytes": 8 << 30, "instances": {}},
+    )  # fmt: skip
+    assert ok["problems"] == []
+
+
+def test_default_ref_matches_the_build_role():
+    defaults = yaml.safe_load((REPO / "roles/llamacpp_mtp_build/defaults/main.yml").read_text())
+    assert defaults["llamacpp_mtp_build_ref"] == fi.DEFAULT_REF
+
+
+def _doc_fields(options):
+    keep = ("type", "elements", "choices", "default", "required", "no_log")
+    return {k: {kk: v[kk] for kk in keep if kk in v} for k, v in options.items()}
+
+
+def _fields_spec():
+    out = {}
+    for k, spec in fi.FIELDS.items():
+        out[k] = {kk: spec[kk] for kk in ("type", "elements", "choices", "default", "required", "no_log") if kk in spec}
+        if out[k].get("default") is None:
+            out[k].pop("default", None)
+    return out
+
+
+def test_role_argument_spec_does_not_drift():
+    specs = yaml.safe_load((REPO / "roles/llama_server_systemd/meta/argument_specs.yml").read_text())
+    opts = specs["argument_specs"]["main"]["options"]["llama_server_systemd_instances"]["options"]
+    assert _doc_fields(opts) == _fields_spec()
+
+
+def test_module_documentation_does_not_drift():
+    src = (REPO / "plugins/modules/llama_server_args.py").read_text()
+    doc = next(
+        n.value.value
+        for n in ast.parse(src).body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "DOCUMENTATION"
+    )
+    sub = yaml.safe_load(doc)["options"]["instances"]["suboptions"]
+    assert _doc_fields(sub) == _fields_spec()
