@@ -158,9 +158,13 @@ DEFAULT_N_BATCH = 2048  # common/common.h:453
 # more than one device with every layer offloaded (src/llama-context.cpp:430-435).
 SCHED_MAX_COPIES = 4
 
-# nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set).
-_LINK_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SOC": 5, "SYS": 5}
-_UNKNOWN_LINK_RANK = 6
+# nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set). ``NV<n>`` is a
+# bonded set of n NVLinks (the legend: "Connection traversing a bonded set of # NVLinks"), so its
+# bandwidth grows with n: NV18 < NV12 < ... < NV2 < NV1 in rank, every NV# above every PCIe path.
+_NV_MAX = 64  # more bonded links than any GPU has (H100/H200: 18)
+_LINK_RANK = {"PIX": _NV_MAX + 1, "PXB": _NV_MAX + 2, "PHB": _NV_MAX + 3, "NODE": _NV_MAX + 4, "SOC": _NV_MAX + 5}
+_LINK_RANK["SYS"] = _LINK_RANK["SOC"]  # SOC is the old name of SYS
+_UNKNOWN_LINK_RANK = _NV_MAX + 6
 
 
 class PlanError(Exception):
@@ -785,13 +789,23 @@ def _llama_args(model, s, inst):
 # GPU selection
 
 
+def nvlink_count(code):
+    """Bonded NVLinks of a ``topo -m`` code: ``NV4`` -> 4; 0 for anything else."""
+    if isinstance(code, str):
+        code = code.strip().upper()
+        if code.startswith("NV") and code[2:].isdigit() and 0 < int(code[2:]) <= _NV_MAX:
+            return int(code[2:])
+    return 0
+
+
 def _link_rank(code):
+    """Lower is faster: NV<n> by n bonded links (NV18 first), then PIX, PXB, PHB, NODE, SYS/SOC, unknown."""
+    links = nvlink_count(code)
+    if links:
+        return _NV_MAX - links
     if not isinstance(code, str):
         return _UNKNOWN_LINK_RANK
-    code = code.strip().upper()
-    if code.startswith("NV") and code[2:].isdigit():
-        return _LINK_RANK["NV"]
-    return _LINK_RANK.get(code, _UNKNOWN_LINK_RANK)
+    return _LINK_RANK.get(code.strip().upper(), _UNKNOWN_LINK_RANK)
 
 
 def _link(matrix, i, j):
@@ -802,18 +816,21 @@ def _link(matrix, i, j):
 
 
 def _group_key(group, matrix):
-    """Sort key: worst link inside the set (NV# < PIX < PXB < PHB < NODE < SYS), then one NUMA node,
+    """Sort key: the worst link inside the set (NV18 < ... < NV2 < NV1 < PIX < PXB < PHB < NODE < SYS),
+    then the most NVLinks inside the set in total (bandwidth over all its pairs), then one NUMA node,
     then most free memory, then lowest indices."""
     worst, worst_code = -1, None
+    total_links = 0
     for a, b in itertools.combinations(group, 2):
         code = _link(matrix, a["index"], b["index"])
         rank = _link_rank(code)
+        total_links += nvlink_count(code)
         if rank > worst:
             worst, worst_code = rank, code
     numas = {g.get("numa_node") for g in group}
     one_numa = 0 if (len(numas) == 1 and None not in numas) or len(group) == 1 else 1
     free = sum(int(g.get("memory_free_mib") or 0) for g in group)
-    return (max(worst, 0), one_numa, -free, [g["index"] for g in group]), worst_code
+    return (max(worst, 0), -total_links, one_numa, -free, [g["index"] for g in group]), worst_code
 
 
 def usable_gpus(gpu_facts, devices=None):
@@ -929,7 +946,8 @@ def _explain_instance(model, inst, worst_code, n):
             f"-ts {inst['tensor_split_arg']}."
         )
         if inst["split_mode"] == "layer":
-            for lay, d in zip(inst["layers"], inst["per_device"], strict=True):
+            for k, lay in enumerate(inst["layers"]):
+                d = inst["per_device"][k]
                 extra = []
                 if lay["holds_mtp"]:
                     extra.append("MTP block")

@@ -18,10 +18,14 @@ description:
     MTP draft context's own KV cache on the GPU that holds the MTP block, the output tensor on the GPU that
     holds the output layer, compute buffers and a reserve. C(token_embd) stays in host memory, as llama.cpp
     keeps the input layer on the CPU.
-  - Picks the fewest GPUs that fit; among sets of the same size it prefers the fastest interconnect (judged by
-    the worst link inside the set, C(NV#) > C(PIX) > C(PXB) > C(PHB) > C(NODE) > C(SYS)), then a single NUMA
-    node, then the most free memory. Uses C(memory_free_mib), so memory used by other processes counts.
-    GPUs in MIG mode and unhealthy GPUs are skipped, with a note.
+  - Picks the fewest GPUs that fit; among sets of the same size it prefers the fastest interconnect, judged by
+    the worst link inside the set - C(NV<n>) is a bonded set of n NVLinks, so C(NV18) > C(NV12) > ... > C(NV2) >
+    C(NV1), and every C(NV#) beats C(PIX) > C(PXB) > C(PHB) > C(NODE) > C(SYS) - then, among sets with the same
+    worst link, the most NVLinks inside the set in total (the most NVLink bandwidth), then a single NUMA node,
+    then the most free memory. On an 8x V100 SXM2 cube mesh a 2-GPU instance therefore takes an C(NV2) pair,
+    not an C(NV1) one. Uses C(memory_free_mib), so memory used by other processes counts.
+  - GPUs in MIG mode and unhealthy GPUs (C(healthy=false) in C(gpu_facts), for example a GPU nvidia-smi cannot
+    reach) are skipped with a note in C(skipped) and C(explanation); the plan uses the other GPUs.
   - For a layer split it chooses integer C(-ts) proportions (one per GPU, in C(CUDA_VISIBLE_DEVICES) order)
     that balance the needed/free ratio of the GPUs, then re-runs llama.cpp's own float32 layer-assignment
     formula (src/llama-model.cpp:1556-1614) on them and plans from that assignment.

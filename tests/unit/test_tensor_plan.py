@@ -512,10 +512,48 @@ def test_prefers_one_numa_node_then_free_memory(model):
 
 
 def test_link_rank_order():
-    order = ["NV18", "PIX", "PXB", "PHB", "NODE", "SYS", "???"]
+    """NV<n> is n bonded NVLinks: more is faster; every NV# beats every PCIe path."""
+    order = ["NV18", "NV12", "NV4", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS", "???"]
     ranks = [tp._link_rank(c) for c in order]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
-    assert tp._link_rank("NV4") == tp._link_rank("NV12")
+    assert tp._link_rank("SOC") == tp._link_rank("SYS") and tp._link_rank("nv2") == tp._link_rank("NV2")
+    assert tp._link_rank(None) == tp._link_rank("X?") > tp._link_rank("SYS")
+    assert [tp.nvlink_count(c) for c in ("NV18", "NV1", "PIX", "NV", None)] == [18, 1, 0, 0, 0]
+
+
+def test_cube_mesh_2_gpu_instance_takes_an_nv2_pair(model):
+    """8x V100 SXM2 hybrid cube mesh: GPUs 0,1 are joined by NV1; a 2-GPU instance must take an NV2 pair
+    (on one NUMA node), and replicas take the NV2 pairs before any NV1 pair."""
+    f = facts("seed-8x-v100-sxm2-cubemesh")
+    m = f["topology"]["matrix"]
+    assert m[0][1] == "NV1" and m[0][3] == "NV2" and f["topology"]["nvlink_groups"] == [list(range(8))]
+    args = {"context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}
+    p = plan(f, model, **args)
+    inst = p["instances"][0]
+    assert len(inst["devices"]) == 2
+    a, b = inst["devices"]
+    assert m[a][b] == "NV2" and inst["devices"] == [0, 3]  # NV2, both on NUMA node 0, lowest indices
+    assert any("worst link NV2" in line for line in p["explanation"])
+    p = plan(f, model, replicas="auto", **args)
+    pairs = [i["devices"] for i in p["instances"]]
+    assert pairs == [[0, 3], [1, 2], [4, 7], [5, 6]]
+    assert all(m[x][y] == "NV2" for x, y in pairs)
+
+
+def test_equal_worst_link_more_total_nvlinks_wins():
+    """Two 3-GPU sets whose worst link is NV1: the one with more bonded links in total ranks first."""
+    gpus = [{"index": i, "numa_node": 0, "memory_free_mib": 16384} for i in range(6)]
+    m = [["X" if i == j else "SYS" for j in range(6)] for i in range(6)]
+
+    def link(i, j, code):
+        m[i][j] = m[j][i] = code
+
+    link(0, 1, "NV1"), link(0, 2, "NV1"), link(1, 2, "NV1")  # 3 links
+    link(3, 4, "NV1"), link(3, 5, "NV2"), link(4, 5, "NV4")  # 7 links
+    low, _ = tp._group_key(gpus[:3], m)
+    high, worst = tp._group_key(gpus[3:], m)
+    assert worst == "NV1" and high < low
+    assert [g for _, g, _ in tp._candidate_groups(gpus, 3, m)][0] == gpus[3:]
 
 
 def test_replicas_exact_uses_disjoint_pairs(model):
