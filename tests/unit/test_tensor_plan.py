@@ -83,8 +83,11 @@ def dev(inst, key):
 def assert_consistent(inst, model):
     """Invariants every GPU instance must satisfy."""
     for d in inst["per_device"]:
-        cats = ("weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output", "compute", "reserve")
+        cats = ("weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output", "compute", "cuda_context", "reserve")
         assert d["total_mib"] == sum(d[f"{c}_mib"] for c in cats)
+        assert cats == tp.COUNTED
+        if d["compute_terms_mib"] is not None:  # the compute figure is the sum of its terms, rounded up
+            assert abs(sum(d["compute_terms_mib"].values()) - d["compute_mib"]) <= 1
         assert d["free_after_mib"] == d["free_before_mib"] - d["total_mib"] + d["reserve_mib"]
         assert d["fits"] == (d["total_mib"] <= d["free_before_mib"])
     assert inst["required_mib"] == sum(dev(inst, "total_mib"))
@@ -165,9 +168,16 @@ def test_1x_v100_16gb_refused_with_numbers(model):
     numbers = e.details["needed_vs_available"]
     assert numbers[0]["device"] == 0 and numbers[0]["available_mib"] == 16384
     assert numbers[0]["needed_mib"] > 16384
-    assert f"needs {numbers[0]['needed_mib']} MiB, has 16384 MiB free" in e.message
+    assert f"needs {numbers[0]['needed_mib']} MiB (weights " in e.message and "has 16384 MiB free" in e.message
+    counted = numbers[0]["counted_mib"]
+    assert sum(counted.values()) == numbers[0]["needed_mib"]
+    assert counted["cuda_context"] == tp.DEFAULT_CUDA_CONTEXT_MIB and counted["reserve"] == 1024
     # weights alone do not fit: no context and no cache type helps
-    assert e.details["suggestions"] == {"max_context": None, "cache_types": []}
+    sugg = e.details["suggestions"]
+    assert (sugg["max_context"], sugg["cache_types"]) == (None, [])
+    checked = sugg["checked_cache_types"]
+    assert [c["cache_type"] for c in checked] == list(tp.FALLBACK_CACHE_TYPES)  # every cheaper type was tried
+    assert all(not c["fits"] and c["short_mib"] > 0 for c in checked)
     assert "smaller quantization" in e.message
 
 
@@ -383,24 +393,33 @@ def test_mtp_off_drops_mtp_costs(model, model_no_mtp):
 
 
 def test_compute_estimate_terms(model):
+    """Each term of the estimate follows the llama.cpp source it cites."""
     m = tp.ModelSpec(model)
     s = tp.Settings(m, 262144, cache_type_k="q4_0", cache_type_v="q4_0")
-    base = tp.estimate_compute_bytes(
-        m, s, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=False
-    )
-    piped = tp.estimate_compute_bytes(
-        m, s, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=True
-    )
-    mask = 262144 * 512 * 2
-    assert piped - base == 3 * mask  # four copies of the KQ mask instead of one
-    f16 = tp.Settings(m, 262144)
-    base16 = tp.estimate_compute_bytes(
-        m, f16, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=False
-    )
-    assert base - base16 == 2 * 262144 * 1024 * 2  # F16 copies of the q4_0 K and V
+    flags = {"has_kv": True, "has_output": False, "has_mtp": False}
+    base = tp.estimate_compute_terms(m, s, pipeline=False, **flags)
+    piped = tp.estimate_compute_terms(m, s, pipeline=True, **flags)
+    mask = 262144 * 512 * 2  # F16 n_ctx_seq x n_ubatch (src/llama-graph.cpp:982)
+    hidden = 512 * 5120 * 4
+    assert (base["kq_mask"], base["inputs"]) == (mask, hidden)
+    # a layer split pipelines: 4 copies of every split input (ggml-backend.cpp:1379-1387, 1563-1590)
+    assert (piped["kq_mask"], piped["inputs"]) == (4 * mask, 4 * hidden)
+    assert piped["activations"] == base["activations"] > 0
+    # CUDA's batch flash-attention kernels read F16: one layer's K and V of all cells (fattn.cu:722-756)
+    assert base["kv_f16"] == 2 * 262144 * 1024 * 2
+    assert tp.estimate_compute_terms(m, tp.Settings(m, 262144), pipeline=False, **flags)["kv_f16"] == 0
+    # the CPU backend has neither copies nor the F16 conversion
+    cpu = tp.estimate_compute_terms(m, s, pipeline=True, backend="cpu", **flags)
+    assert (cpu["kq_mask"], cpu["inputs"], cpu["kv_f16"]) == (mask, 0, 0)
+    # the MTP device also holds the draft context: its own mask copies, inputs and logits
+    mtp = tp.estimate_compute_terms(m, s, pipeline=True, has_kv=True, has_output=True, has_mtp=True)
+    assert mtp["mtp_kq_mask"] == 4 * mask and mtp["mtp_inputs"] == 8 * hidden and mtp["mtp_kv_f16"] == 0
+    assert mtp["logits"] == mtp["mtp_logits"] == 3 * 248320 * 4  # parallel x (1 + draft_n_max 2) outputs
+    assert tp.estimate_compute_bytes(m, s, pipeline=True, **flags) == sum(piped.values())
     # a flat value replaces the estimate on every device
     p = plan(facts("seed-1x-rtx4090"), model, context=32768, compute_buffer_mib=700)
     assert p["instances"][0]["per_device"][0]["compute_mib"] == 700
+    assert p["instances"][0]["per_device"][0]["compute_terms_mib"] is None
     assert p["settings"]["compute_estimated"] is False
 
 
@@ -614,3 +633,24 @@ def test_default_context_is_the_training_context(model):
 def test_empty_devices_list_is_an_error(model):
     with pytest.raises(PlanError, match="devices is an empty list"):
         plan(facts("seed-1x-rtx4090"), model, context=32768, devices=[])
+
+
+@pytest.mark.parametrize("failure", ["gpu-error:3", "gpu-unknown:3", "gpu-reset:3", "gpu-na:3"])
+def test_dead_gpu_is_skipped_with_a_note_and_the_rest_planned(model, tmp_path, failure):
+    """A host with 1 dead GPU of 8 still gets a plan on the other 7, and the explanation says why."""
+    import json
+
+    profile = json.loads(profile_path("seed-8x-v100-sxm2-cubemesh").read_text())
+    profile["failure"] = failure
+    path = tmp_path / "dead.json"
+    path.write_text(json.dumps(profile))
+    f = facts_from_profile(path)
+    p = plan(f, model, context=262144, cache_type_k="q4_0", cache_type_v="q4_0", replicas="auto")
+    assert [sk["index"] for sk in p["skipped"]] == [3]
+    assert any(line.startswith("Skipped GPU 3: not healthy") for line in p["explanation"])
+    used = [d for inst in p["instances"] for d in inst["devices"]]
+    assert 3 not in used and len(p["instances"]) == 3
+    if f["topology"]["matrix"]:  # the fields were unreadable, the topology was not: NV2 pairs only
+        assert [i["devices"] for i in p["instances"]] == [[1, 2], [4, 7], [5, 6]]
+    else:  # nvidia-smi topo -m printed only the device-handle line
+        assert any(line.startswith("GPU links unknown") for line in p["explanation"])
