@@ -78,7 +78,9 @@ CACHE_TYPES = {
 UNQUANTIZED_TYPES = frozenset({"f32", "f16", "bf16"})
 # Cheaper cache types checked when a context does not fit, in order of preference (most bits first);
 # every one that is cheaper than the requested type is checked and each that fits is suggested.
-FALLBACK_CACHE_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0")
+# iq4_nl is left out: CUDA's flash attention has no iq4_nl K/V (ggml_cuda_fattn_kv_type_supported,
+# ggml/src/ggml-cuda/fattn.cu:525-539), and a quantized V cache needs flash attention.
+FALLBACK_CACHE_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 # Architectures with a draft-mtp graph (the models/*.cpp that honour ml.load_mtp, LLAMACPP.md 2).
 MTP_ARCHS = frozenset(
@@ -165,14 +167,22 @@ DEFAULT_N_BATCH = 2048  # common/common.h:453
 # (ggml/src/ggml-backend.cpp:771-773, 1888, 1379-1387); llama.cpp turns it on for a layer split over
 # more than one device with every layer offloaded (src/llama-context.cpp:430-435).
 SCHED_MAX_COPIES = 4
-# Activation part of the compute buffers, per context, in bytes per ubatch token per
-# (3 * n_ff + 8 * n_embd) F32 value: fitted to llama.cpp's own "compute buffer size" lines minus
-# the terms counted separately (tests/gpu/calibrate_compute.py, table in docs/measurements.md),
-# the largest fitted value times CALIBRATION_MARGIN. Measured on the CPU backend (no GPU was
-# available); the CUDA graph is the same graph, allocated by the same ggml-alloc.
-ACTIVATION_FACTOR = 1.0
-MTP_ACTIVATION_FACTOR = 1.0
+# Activation part of the compute buffers, per context, as factors of ``n_ubatch * 4 * (3 * n_ff +
+# 8 * n_embd)`` bytes, fitted to llama.cpp's own "compute buffer size" lines minus the terms counted
+# separately (KQ mask, logits) at 7 points (tests/gpu/calibrate_compute.py --backend cpu; table and
+# raw logs in docs/measurements.md and tests/gpu/results/cpu-2026-12-01/), each the largest fitted
+# value times CALIBRATION_MARGIN, rounded up:
+# * trunk context: measured = activations + mask + logits at every point; fitted 0.711 (129.4 MiB for
+#   Qwen3.6-27B at n_ubatch 512) -> ACTIVATION_FACTOR;
+# * MTP draft context: measured = max(peak, activations + mask) + logits - a mask-independent peak
+#   (fitted 0.761, 138.6 MiB, one mask included) dominates up to about 64k cells, activations beside
+#   the mask (fitted 0.358, 65.2 MiB) beyond -> MTP_PEAK_FACTOR, MTP_ACTIVATION_FACTOR.
+# Measured on the CPU backend (no GPU was available): the CUDA graph is the same graph, allocated by
+# the same ggml-alloc; the CUDA-only terms are added apart.
 CALIBRATION_MARGIN = 1.10
+ACTIVATION_FACTOR = 0.79
+MTP_ACTIVATION_FACTOR = 0.40
+MTP_PEAK_FACTOR = 0.84
 
 # nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set). ``NV<n>`` is a
 # bonded set of n NVLinks (the legend: "Connection traversing a bonded set of # NVLinks"), so its
@@ -554,7 +564,8 @@ def estimate_compute_terms(
     * activations: ``ACTIVATION_FACTOR * n_ubatch * 4 * (3 * n_ff + 8 * n_embd)`` - the intermediate
       tensors ggml-alloc keeps alive at once; they are reused from layer to layer, so this does not
       grow with the layers a device holds. Calibrated on llama.cpp's own "compute buffer size"
-      lines (docs/measurements.md), with CALIBRATION_MARGIN.
+      lines (docs/measurements.md), with CALIBRATION_MARGIN; only Qwen3.6-27B's geometry was
+      measured, other architectures keep the shape of the formula.
     * kq_mask: the F16 mask ``n_ctx_seq x n_ubatch`` (src/llama-graph.cpp:982) on devices with attention
       layers. It is a graph input, so the scheduler places it on the CPU backend (ggml-backend.cpp:
       944-948) and every GPU split that reads it gets its own copy (:1375-1388, CUDA cannot read the
@@ -571,7 +582,8 @@ def estimate_compute_terms(
     * logits: ``n_outputs * n_vocab * 4`` on the output device (server caps n_outputs at
       ``parallel * (1 + draft_n_max)``, tools/server/server-context.cpp:41-53).
     * mtp_*: the MTP draft context (same n_ctx, n_ubatch and pipeline setting as the target,
-      common/speculative.cpp:2522-2535): its own activations (MTP_ACTIVATION_FACTOR), mask copies, two
+      common/speculative.cpp:2522-2535): its own activations (the larger of MTP_PEAK_FACTOR's peak less
+      one mask and MTP_ACTIVATION_FACTOR's activations beside the mask, as fitted), mask copies, two
       inputs (token embeddings and the target's hidden state), F16 conversion for a quantized draft
       cache, and logits.
     """
@@ -597,7 +609,9 @@ def estimate_compute_terms(
     if has_output:
         t["logits"] = logits
     if has_mtp:
-        t["mtp_activations"] = int(MTP_ACTIVATION_FACTOR * ub * 4 * width)
+        # max(peak, activations + mask), the peak counting one mask: the mask term stays apart (copies)
+        peak = int(MTP_PEAK_FACTOR * ub * 4 * width)
+        t["mtp_activations"] = max(peak - mask, int(MTP_ACTIVATION_FACTOR * ub * 4 * width))
         t["mtp_kq_mask"] = copies * mask
         t["mtp_logits"] = logits
         if cuda:
