@@ -280,19 +280,19 @@ plan:
           sample:
             - device: 0
               name: Tesla V100-PCIE-16GB
-              weights_mib: 8551
+              weights_mib: 8346
               kv_mib: 2592
-              recurrent_mib: 281
+              recurrent_mib: 272
               mtp_weights_mib: 0
               mtp_kv_mib: 0
               output_mib: 0
-              compute_mib: 2270
-              compute_terms_mib: {activations: 182.0, kq_mask: 1024.0, inputs: 40.0, kv_f16: 1024.0}
+              compute_mib: 2232
+              compute_terms_mib: {activations: 143.8, kq_mask: 1024.0, inputs: 40.0, kv_f16: 1024.0}
               cuda_context_mib: 512
               reserve_mib: 1024
-              total_mib: 15230
+              total_mib: 14978
               free_before_mib: 16384
-              free_after_mib: 2178
+              free_after_mib: 2430
               fits: true
         fits:
           description: Every GPU of the instance fits.
