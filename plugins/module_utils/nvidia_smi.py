@@ -19,11 +19,20 @@ Command lines (exported so the module, the stand-in and the tests agree):
 Assumptions (not settled by the captures in tests/fixtures/nvidia-smi, documented here):
 
 * nvidia-smi prints per-GPU failures as ``Unable to determine the device handle for GPU
-  0000:0B:00.0: Unknown Error`` (seen with and without the space after ``GPU``) in place of
-  that GPU's row, so such a line's position in the output is the GPU's index.
+  0000:0B:00.0: Unknown Error`` (seen with ``GPU`` and ``gpu``, with and without the space after
+  it) in place of that GPU's row, so such a line's position in the output is the GPU's index.
+  With such a GPU, plain ``nvidia-smi`` and ``topo -m`` may print only that line: the facts
+  then have no CUDA version and an empty topology with ``topology.error`` saying why.
 * A field that NVML cannot read for a sick GPU is printed in brackets, e.g.
-  ``[Unknown Error]`` or ``[GPU requires reset]``; other bracketed values (``[N/A]``,
-  ``[Not Supported]``, ``[Insufficient Permissions]``) mean "not available" and become null.
+  ``[Unknown Error]`` or ``[GPU requires reset]`` (any letter case); other bracketed values
+  (``[N/A]``, ``[Not Supported]``, ``[Insufficient Permissions]``) mean "not available" and
+  become null, except in the fields the planner cannot do without (REQUIRED_FIELDS: memory
+  total and free), where they make the GPU unusable (``healthy: false`` and the reason).
+* Output is decoded as UTF-8 with replacement characters (decode_output), never passed on as
+  raw bytes; ANSI escape sequences are removed with or without their ESC byte (pasted output
+  loses it: ``[4mGPU0[0m``); CRLF line ends and spaces in place of tabs are accepted.
+* Every error message is one line: it names the command and quotes at most QUOTE_LIMIT
+  characters of its output.
 * In ``topo -m`` the first two columns after the link columns are CPU Affinity and NUMA
   Affinity; real drivers print an extra empty column before ``GPU NUMA ID``, so later
   columns are not mapped by position. A NUMA affinity that is not a single integer
@@ -62,12 +71,22 @@ FATAL_MARKERS = (
     "Driver/library version mismatch",
 )
 NO_DEVICES_MARKER = "No devices were found"
-# Words nvidia-smi uses for a sick GPU, in a field or in a device-handle line.
+# Words nvidia-smi uses for a sick GPU, in a field or in a device-handle line (any letter case).
 GPU_ERROR_WORDS = ("Unknown Error", "GPU is lost", "GPU requires reset", "ERR!")
+# Query fields without which a GPU cannot be planned on: "not available" there makes it unusable.
+REQUIRED_FIELDS = ("memory.total", "memory.free")
+QUOTE_LIMIT = 200  # most characters of nvidia-smi's output an error message quotes
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# CSI sequences with their ESC byte (or its caret form ^[), and the SGR/erase forms that lose it
+# in pasted output ("[4m", "[0;1m", "[2K"); bracketed values such as [N/A] have no digit+letter end.
+_ANSI_RE = re.compile(
+    r"(?:\x1b|\^\[)\[[0-9;?]*[ -/]*[@-~]|(?:\x1b|\^\[)[()][0-9A-Za-z]|\x1b[=>]|\[(?:\d{1,3};)*\d{1,3}[mKJ]|\x1b"
+)
 _BUS_ID = r"[0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
-_HANDLE_ERROR_RE = re.compile(r"Unable to determine the device handle for GPU\s*(" + _BUS_ID + r")\s*:\s*(.*\S)")
+_HANDLE_ERROR_RE = re.compile(
+    r"Unable to determine the device handle for gpu\s*(" + _BUS_ID + r")?\s*:?\s*(.*\S)?", re.IGNORECASE
+)
+_WARNING_RE = re.compile(r"^\s*warning\s*:", re.IGNORECASE)
 _UNSUPPORTED_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
 _FIELD_ALIASES = {
     "gpu_name": "name",
@@ -80,12 +99,42 @@ _LINK_CODE_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9]*(/[A-Z]+)?)$")
 _TOPO_LABELS = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"), ("GPU NUMA ID", "GPU_NUMA_ID"))
 
 
-class NvidiaSmiError(Exception):
-    """nvidia-smi reported a problem; ``str(e)`` quotes nvidia-smi's own words."""
+def one_line(text: str) -> str:
+    """Whitespace runs (newlines included) become one space; the ends are stripped."""
+    return " ".join(str(text).split())
 
-    def __init__(self, message: str, output: str = ""):
+
+def quote(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """nvidia-smi's output for a message: one line, in double quotes, at most ``limit`` characters."""
+    flat = one_line(text)
+    if len(flat) > limit:
+        flat = flat[: limit - 3].rstrip() + "..."
+    return '"' + flat.replace('"', "'") + '"'
+
+
+def _sentence(message: str) -> str:
+    """One line without a dangling ": " or doubled full stop at the end."""
+    flat = one_line(message).rstrip(" :;,")
+    while flat.endswith(".."):
+        flat = flat[:-1]
+    return flat
+
+
+class NvidiaSmiError(Exception):
+    """nvidia-smi reported a problem; ``str(e)`` is one line that names the command (once known,
+    ``.command``) and quotes at most QUOTE_LIMIT characters of nvidia-smi's own words."""
+
+    def __init__(self, message: str, output: str = "", command: str | None = None):
         super().__init__(message)
+        self.message = message
         self.output = output
+        self.command = command
+
+    def __str__(self) -> str:
+        msg = _sentence(self.message)
+        if self.command and not msg.startswith("`"):
+            msg = f"`{self.command}`: {msg}"
+        return msg
 
 
 class NvmlError(NvidiaSmiError):
@@ -99,47 +148,69 @@ class NoDevicesError(NvidiaSmiError):
 class UnsupportedFieldError(NvidiaSmiError):
     """The driver's nvidia-smi does not know a --query-gpu field (``.field``)."""
 
-    def __init__(self, message: str, output: str = "", field: str = ""):
-        super().__init__(message, output)
+    def __init__(self, message: str, output: str = "", field: str = "", command: str | None = None):
+        super().__init__(message, output, command)
         self.field = field
 
 
 class ParseError(NvidiaSmiError):
     """Output that does not have the expected shape; ``.text`` is the offending text."""
 
-    def __init__(self, message: str, text: str):
-        shown = text if len(text) <= 600 else text[:600] + "..."
-        super().__init__(f"{message}; offending output: {shown!r}", text)
+    def __init__(self, message: str, text: str, command: str | None = None):
+        super().__init__(f"{message}; offending output: {quote(text)}", text, command)
         self.text = text
 
 
 class GpuError(NvidiaSmiError):
     """One or more GPUs report an error; ``.facts`` holds what could be read (healthy=false)."""
 
-    def __init__(self, message: str, facts: dict, output: str = ""):
-        super().__init__(message, output)
+    def __init__(self, message: str, facts: dict, output: str = "", command: str | None = None):
+        super().__init__(message, output, command)
         self.facts = facts
+
+
+def decode_output(data) -> str:
+    """nvidia-smi's output as text: bytes are decoded as UTF-8 with U+FFFD for invalid bytes; a str
+    that carries surrogate escapes (a non-UTF-8 byte decoded with ``surrogateescape``) is repaired the
+    same way, so nothing that JSON cannot encode reaches Ansible. None becomes ""."""
+    if data is None:
+        return ""
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data).decode("utf-8", errors="replace")
+    text = str(data)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+    return text
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI_RE.sub("", text)
 
 
+def clean_text(data) -> str:
+    """decode_output + ANSI escapes removed + CRLF/CR line ends made LF."""
+    text = strip_ansi(decode_output(data))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def raise_for_fatal(text: str) -> None:
     """Raise NvmlError / NoDevicesError when nvidia-smi says it cannot work at all."""
-    clean = strip_ansi(text).strip()
+    clean = clean_text(text).strip()
+    low = clean.lower()
     for marker in FATAL_MARKERS:
-        if marker in clean:
+        if marker.lower() in low:
             raise NvmlError(
-                f"nvidia-smi cannot talk to the NVIDIA driver: {clean}. Check that the kernel module and the "
-                "user-space driver are installed and of the same version (reboot after a driver upgrade).",
-                text,
+                f"nvidia-smi cannot talk to the NVIDIA driver: {quote(clean)}. Check that the kernel module and "
+                "the user-space driver are installed and of the same version (reboot after a driver upgrade).",
+                clean,
             )
-    if NO_DEVICES_MARKER in clean:
-        raise NoDevicesError(f"nvidia-smi: {clean}", text)
+    if NO_DEVICES_MARKER.lower() in low:
+        raise NoDevicesError(f"nvidia-smi: {quote(clean)}", clean)
     m = _UNSUPPORTED_FIELD_RE.search(clean)
     if m:
-        raise UnsupportedFieldError(f"nvidia-smi: {clean}", text, field=m.group(1))
+        raise UnsupportedFieldError(f"nvidia-smi: {quote(clean)}", clean, field=m.group(1))
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -174,7 +245,7 @@ def _blank_gpu(index: int | None) -> dict:
 def _value(raw: str) -> str | None:
     """A query cell without decoration; None when nvidia-smi says it is not available or an error."""
     v = raw.strip()
-    if v in ("", "N/A", "Not Supported") or (v.startswith("[") and v.endswith("]")) or _gpu_error_words(v):
+    if v.lower() in ("", "n/a", "not supported") or (v.startswith("[") and v.endswith("]")) or _gpu_error_words(v):
         return None
     return v
 
@@ -183,7 +254,7 @@ def _mib(raw: str, field: str, line: str) -> int | None:
     v = _value(raw)
     if v is None:
         return None
-    m = re.fullmatch(r"(\d+)(?:\s*MiB)?", v)
+    m = re.fullmatch(r"(\d+)(?:\s*MiB)?", v, re.IGNORECASE)
     if not m:
         raise ParseError(f"{field} is not a MiB count", line)
     return int(m.group(1))
@@ -194,29 +265,37 @@ def _header_name(cell: str) -> str:
     return _FIELD_ALIASES.get(name, name)
 
 
+def _handle_error_entry(line: str, handle) -> dict:
+    """A GPU entry for a device-handle error line (healthy: false, the line as the reason)."""
+    gpu = _blank_gpu(None)
+    if handle.group(1):
+        gpu["pci_bus_id"] = normalize_bus_id(handle.group(1))
+    gpu["healthy"] = False
+    gpu["error"] = one_line(line)
+    return gpu
+
+
 def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
     """Parse ``--query-gpu`` CSV (header or not, units or not) into ``{"gpus": [...], "driver_version": ...}``.
 
     With a header line the columns are taken from it (so captures with other field lists
     parse too); without one, ``fields`` names them. Extra trailing columns are ignored.
-    GPUs that report an error get ``healthy: false`` and ``error`` with nvidia-smi's words.
+    GPUs that report an error (a device-handle line, an error word in any field, "not available"
+    in a REQUIRED_FIELDS field, a row that is only an error) get ``healthy: false`` and ``error``
+    with nvidia-smi's words; their unreadable values are null.
     """
-    clean = strip_ansi(text)
+    clean = clean_text(text)
     raise_for_fatal(clean)
     columns = list(fields)
     entries: list[dict] = []
     driver_versions: list[str] = []
     header_seen = False
     for line in clean.splitlines():
-        if not line.strip() or line.startswith("WARNING:"):
+        if not line.strip() or _WARNING_RE.match(line):
             continue  # e.g. "WARNING: infoROM is corrupted at gpu 0000:3B:00.0": the GPU still works
         handle = _HANDLE_ERROR_RE.search(line)
         if handle:
-            gpu = _blank_gpu(None)
-            gpu["pci_bus_id"] = normalize_bus_id(handle.group(1))
-            gpu["healthy"] = False
-            gpu["error"] = line.strip()
-            entries.append(gpu)
+            entries.append(_handle_error_entry(line, handle))
             continue
         cells = [c.strip() for c in line.split(",")]
         names = [_header_name(c) for c in cells]
@@ -230,17 +309,25 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
             header_seen = True
             continue
         if len(cells) < len(columns):
+            if _gpu_error_words(line):  # e.g. a row that is only "[GPU requires reset]"
+                gpu = _blank_gpu(None)
+                gpu["healthy"] = False
+                gpu["error"] = one_line(line)
+                entries.append(gpu)
+                continue
             raise ParseError(
                 f"expected {len(columns)} comma-separated values ({','.join(columns)}) from "
                 f"`nvidia-smi --query-gpu`, found {len(cells)}",
                 line,
             )
-        row = dict(zip(columns, cells, strict=False))  # extra trailing cells are ignored
+        row = {name: cells[i] for i, name in enumerate(columns)}  # extra trailing cells are ignored
         gpu = _blank_gpu(None)
+        errors = [f"{k}: {v}" for k, v in row.items() if _gpu_error_words(v)]
         if "index" in row:
-            if not row["index"].isdigit():
+            if row["index"].isdigit():
+                gpu["index"] = int(row["index"])
+            elif not (errors or _value(row["index"]) is None):
                 raise ParseError("GPU index is not an integer", line)
-            gpu["index"] = int(row["index"])
         gpu["uuid"] = _value(row.get("uuid", ""))
         gpu["name"] = _value(row.get("name", ""))
         bus = _value(row.get("pci.bus_id", ""))
@@ -248,15 +335,17 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
         gpu["memory_total_mib"] = _mib(row.get("memory.total", ""), "memory.total", line)
         gpu["memory_used_mib"] = _mib(row.get("memory.used", ""), "memory.used", line)
         gpu["memory_free_mib"] = _mib(row.get("memory.free", ""), "memory.free", line)
-        errors = [f"{k}: {v}" for k, v in row.items() if _gpu_error_words(v)]
+        if not errors:
+            # "not available" where the planner cannot do without it: unusable, say which field
+            errors = [f"{k}: {row[k]}" for k in REQUIRED_FIELDS if k in row and _value(row[k]) is None]
         cc = _value(row.get("compute_cap", ""))
         if cc is not None and not re.fullmatch(r"\d+\.\d+", cc):
             raise ParseError("compute_cap is not MAJOR.MINOR", line)
         gpu["compute_capability"] = cc
         mig = _value(row.get("mig.mode.current", ""))
-        if mig is not None and mig not in ("Enabled", "Disabled"):
+        if mig is not None and mig.capitalize() not in ("Enabled", "Disabled"):
             raise ParseError("mig.mode.current is neither Enabled nor Disabled", line)
-        gpu["mig_mode"] = mig
+        gpu["mig_mode"] = mig.capitalize() if mig else None
         if errors:
             gpu["healthy"] = False
             gpu["error"] = "; ".join(errors)
@@ -272,11 +361,17 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
 
 
 def _topo_cells(line: str) -> list[str]:
+    """Cells of a ``topo -m`` line: tab-separated (empty cells kept), or space-separated where the
+    tabs became spaces (also inside a tab-separated line: a cell holding spaces is split up)."""
     for words, token in _TOPO_LABELS:
-        line = line.replace(words, token)
-    if "\t" in line:
-        return [c.strip() for c in line.split("\t")]
-    return line.split()
+        line = re.sub(r"\s+".join(words.split()), token, line, flags=re.IGNORECASE)
+    if "\t" not in line:
+        return line.split()
+    cells: list[str] = []
+    for cell in line.split("\t"):
+        parts = cell.split()
+        cells.extend(parts if parts else [""])
+    return cells
 
 
 def parse_topology(text: str) -> dict:
@@ -286,7 +381,7 @@ def parse_topology(text: str) -> dict:
     "columns": [...]}`` with rows and columns indexed by GPU index. NIC rows/columns and the
     legend are skipped; tabs or runs of spaces, ANSI colour codes and trailing columns are accepted.
     """
-    clean = strip_ansi(text)
+    clean = clean_text(text)
     raise_for_fatal(clean)
     lines = clean.splitlines()
     start = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0(\s|$)", ln)), None)
@@ -305,7 +400,7 @@ def parse_topology(text: str) -> dict:
         if not line.strip() or line.strip().startswith("Legend"):
             break
         cells = _topo_cells(line)
-        label = cells[0]
+        label = cells[0] if cells else ""
         if not re.fullmatch(r"GPU\d+", label):
             continue  # NIC0.., mlx5_0 (older drivers): not ours
         links = cells[1 : 1 + n_links]
@@ -323,7 +418,7 @@ def parse_topology(text: str) -> dict:
         if row[i] != "X":
             raise ParseError(f"GPU{i} is not 'X' to itself in `nvidia-smi topo -m`", " ".join(links))
         matrix.append(row)
-        values = dict(zip(trailing, rest, strict=False))
+        values = {name: rest[k] for k, name in enumerate(trailing) if k < len(rest)}
         cpu = values.get("CPU_Affinity")
         numa = values.get("NUMA_Affinity")
         affinity.append(
@@ -364,7 +459,7 @@ def parse_table(text: str) -> dict:
     each GPU has index, name, persistence_mode, pci_bus_id, memory_used_mib, memory_total_mib,
     mig_mode (null for tables without the MIG M. line), healthy and error (``ERR!`` in a field).
     """
-    clean = strip_ansi(text)
+    clean = clean_text(text)
     raise_for_fatal(clean)
     version = re.search(r"NVIDIA-SMI\s+(\d[\w.]*)", clean)
     if not version:
@@ -416,9 +511,10 @@ def parse_table(text: str) -> dict:
                 elif block_line == 2 and cells[2].split():
                     mig = cells[2].split()[-1]
                     current["mig_mode"] = mig if mig in ("Enabled", "Disabled") else None
-            if current is not None and "ERR!" in s:
+            if current is not None and _gpu_error_words(s):
+                words = re.search(r"\[[^\]]+\]|ERR!", s, re.IGNORECASE)
                 current["healthy"] = False
-                current["error"] = "ERR!"
+                current["error"] = words.group(0) if words else one_line(s.strip("|"))
         elif section == "mig" and len(cells) >= 2:
             m = re.match(r"^\s*(\d+)\s+(\d+|N/A)\s+(\d+|N/A)\s+(\d+)\s*$", cells[0])
             mem = re.search(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB", cells[1])
@@ -443,17 +539,18 @@ def parse_table(text: str) -> dict:
     }
 
 
-_LIST_GPU_RE = re.compile(r"^GPU (\d+): (.+?) \(UUID: ([^)]+)\)\s*$")
+_LIST_GPU_RE = re.compile(r"^\s*GPU (\d+): (.+?) \(UUID: ([^)]+)\)\s*$")
 _LIST_MIG_RE = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: ([^)]+)\)\s*$")
 
 
 def parse_list(text: str) -> list[dict]:
-    """Parse ``nvidia-smi -L``: ``GPU 0: NAME (UUID: GPU-...)`` lines and indented MIG device lines."""
-    clean = strip_ansi(text)
+    """Parse ``nvidia-smi -L``: ``GPU 0: NAME (UUID: GPU-...)`` lines and indented MIG device lines;
+    device-handle error lines (any letter case) become entries with ``healthy: false``."""
+    clean = clean_text(text)
     raise_for_fatal(clean)
     gpus: list[dict] = []
     for line in clean.splitlines():
-        if not line.strip():
+        if not line.strip() or _WARNING_RE.match(line):
             continue
         gpu = _LIST_GPU_RE.match(line)
         mig = _LIST_MIG_RE.match(line)
@@ -479,7 +576,7 @@ def parse_list(text: str) -> list[dict]:
                     "uuid": None,
                     "mig_devices": [],
                     "healthy": False,
-                    "error": line.strip(),
+                    "error": one_line(line),
                 }
             )
         else:
@@ -513,8 +610,8 @@ def build_facts(query: dict, topology: dict | None, table: dict | None) -> dict:
                 repr(topology["columns"]),
             )
         matrix, groups = topology["matrix"], topology["nvlink_groups"]
-        for gpu, aff in zip(gpus, topology["affinity"], strict=True):
-            gpu.update(aff)
+        for i, gpu in enumerate(gpus):
+            gpu.update(topology["affinity"][i])
     table = table or {}
     return {
         "count": len(gpus),
@@ -526,41 +623,108 @@ def build_facts(query: dict, topology: dict | None, table: dict | None) -> dict:
     }
 
 
-def _run_checked(run, argv: list[str]) -> str:
+REQUIRE_HEALTHY = ("none", "any", "all")
+
+
+def command_label(argv: list[str]) -> str:
+    """The command line for messages, option values shortened: ``nvidia-smi --query-gpu=... --format=...``."""
+    return " ".join(a.split("=", 1)[0] + "=..." if a.startswith("--") and "=" in a else a for a in argv)
+
+
+def _run_text(run, argv: list[str]) -> tuple[int, str, str]:
+    """Run argv; (rc, stdout text, stdout+stderr text), decoded with replacement and cleaned."""
     rc, out, err = run(argv)
-    text = (out or "") + (err or "")
-    raise_for_fatal(text)
-    if rc != 0:
-        raise NvidiaSmiError(f"`{' '.join(argv)}` exited with code {rc}: {text.strip() or '(no output)'}", text)
-    return out or ""
+    out_text = clean_text(out)
+    return rc, out_text, out_text + clean_text(err)
 
 
-def collect(run, nvidia_smi: str) -> dict:
+def _parse(parser, text: str, argv: list[str], *args):
+    try:
+        return parser(text, *args)
+    except NvidiaSmiError as e:
+        e.command = e.command or command_label(argv)
+        raise
+
+
+def _health_error(facts: dict, require_healthy: str, command: str) -> GpuError | None:
+    sick = [g for g in facts["gpus"] if not g["healthy"]]
+    healthy = len(facts["gpus"]) - len(sick)
+    if not sick or require_healthy == "none" or (require_healthy == "any" and healthy > 0):
+        return None
+    words = "; ".join(
+        f"GPU {g['index']} ({g['pci_bus_id'] or 'bus id unknown'}): {_sentence(g['error'] or 'error')[:QUOTE_LIMIT]}"
+        for g in sick
+    )
+    why = "all" if require_healthy == "all" else "any (no healthy GPU left)"
+    return GpuError(f"nvidia-smi reports a GPU error: {words} (require_healthy={why})", facts, command=command)
+
+
+def collect(run, nvidia_smi: str, require_healthy: str = "none") -> dict:
     """Run nvidia-smi through ``run(argv) -> (rc, stdout, stderr)`` and return the gpu_facts dict.
 
+    stdout/stderr may be bytes or str; they are decoded with replacement (decode_output). GPUs that
+    report an error are entries with ``healthy: false`` and ``error``; the other GPUs are read as
+    usual. When the table or ``topo -m`` cannot be read because of such a GPU (nvidia-smi then prints
+    only the device-handle line), the facts carry no CUDA version, or an empty topology with
+    ``topology.error``. ``require_healthy``: ``none`` (default) returns the facts anyway; ``any``
+    raises GpuError when no GPU is healthy; ``all`` when any GPU is not.
+
     Raises NoDevicesError (the caller decides whether no GPU is fine), NvmlError, GpuError
-    (facts attached, unhealthy GPUs marked) or ParseError / NvidiaSmiError.
+    (facts attached, unhealthy GPUs marked) or ParseError / NvidiaSmiError, each one line naming
+    the command.
     """
-    fields, args = QUERY_FIELDS, QUERY_ARGS
-    rc, out, err = run([nvidia_smi, *args])
-    text = (out or "") + (err or "")
+    if require_healthy not in REQUIRE_HEALTHY:
+        raise ValueError(f"require_healthy must be one of {', '.join(REQUIRE_HEALTHY)}, got {require_healthy!r}")
+    fields, argv = QUERY_FIELDS, [nvidia_smi, *QUERY_ARGS]
+    rc, _out, text = _run_text(run, argv)
     try:
-        raise_for_fatal(text)
+        _parse(raise_for_fatal, text, argv)
     except UnsupportedFieldError as e:
         if e.field != "compute_cap":
             raise
-        fields, args = LEGACY_QUERY_FIELDS, LEGACY_QUERY_ARGS
-        rc, out, err = run([nvidia_smi, *args])
-        text = (out or "") + (err or "")
-    query = parse_query(text, fields)
+        fields, argv = LEGACY_QUERY_FIELDS, [nvidia_smi, *LEGACY_QUERY_ARGS]
+        rc, _out, text = _run_text(run, argv)
+    query = _parse(parse_query, text, argv, fields)
+    label = command_label(argv)
     sick = [g for g in query["gpus"] if not g["healthy"]]
-    if sick:
-        words = "; ".join(f"GPU {g['index']} ({g['pci_bus_id'] or 'bus id unknown'}): {g['error']}" for g in sick)
-        raise GpuError(f"nvidia-smi reports a GPU error: {words}", build_facts(query, None, None), text)
-    if rc != 0:
-        raise NvidiaSmiError(f"`{' '.join([nvidia_smi, *args])}` exited with code {rc}: {text.strip()}", text)
+    if rc != 0 and not sick:
+        raise NvidiaSmiError(f"exited with code {rc}: {quote(text) if text.strip() else '(no output)'}", text, label)
     if not query["gpus"]:
-        raise NoDevicesError("nvidia-smi --query-gpu listed no GPUs", text)
-    table = parse_table(_run_checked(run, [nvidia_smi, *TABLE_ARGS]))
-    topology = parse_topology(_run_checked(run, [nvidia_smi, *TOPO_ARGS]))
-    return build_facts(query, topology, table)
+        raise NoDevicesError("nvidia-smi --query-gpu listed no GPUs", text, label)
+
+    notes = {}
+    parsed = {}
+    for key, args, parser in (("table", TABLE_ARGS, parse_table), ("topology", TOPO_ARGS, parse_topology)):
+        sub = [nvidia_smi, *args]
+        sub_rc, out, sub_text = _run_text(run, sub)
+        try:
+            _parse(raise_for_fatal, sub_text, sub)
+            if sub_rc != 0:
+                raise NvidiaSmiError(
+                    f"exited with code {sub_rc}: {quote(sub_text) if sub_text.strip() else '(no output)'}",
+                    sub_text,
+                    command_label(sub),
+                )
+            parsed[key] = _parse(parser, out, sub)
+        except (NvmlError, NoDevicesError):
+            raise
+        except NvidiaSmiError as e:
+            if not sick:
+                raise
+            parsed[key] = None  # the sick GPU spoils this command's output: facts without it
+            notes[key] = str(e)
+    topology = parsed["topology"]
+    if sick and topology is not None and len(topology["matrix"]) != len(query["gpus"]):
+        notes["topology"] = (
+            f"`{command_label([nvidia_smi, *TOPO_ARGS])}` lists {len(topology['matrix'])} GPUs but "
+            f"`{label}` lists {len(query['gpus'])} (with unhealthy GPUs the indexes cannot be matched)"
+        )
+        topology = None
+    facts = build_facts(query, topology, parsed["table"])
+    if "topology" in notes:
+        facts["topology"]["error"] = _sentence(notes["topology"])
+    problem = _health_error(facts, require_healthy, label)
+    if problem is not None:
+        problem.output = text
+        raise problem
+    return facts

@@ -34,11 +34,15 @@ Memory model, per device (all sizes in bytes until the MiB report, which rounds 
   src/models/qwen35.cpp:46-49 and src/llama-model-loader.cpp:1162-1168) + ``output_norm`` + any
   other global tensor, on ``dev_output = get_layer_buft_list(n_layer_all)``
   (src/llama-model.cpp:1614).
-* compute   - ESTIMATE of the compute buffers (see ``estimate_compute_bytes``), or the caller's flat
-  ``compute_buffer_mib``.
+* compute   - ESTIMATE of the compute buffers (see ``estimate_compute_terms``: activations calibrated
+  on llama.cpp's own buffer sizes, plus the CUDA-only terms taken from its source), or the caller's
+  flat ``compute_buffer_mib``.
+* cuda_context - the CUDA context (driver state, kernels, cuBLAS handles) each llama-server process
+  creates on every GPU it uses, before any buffer: nvidia-smi's free memory still includes it,
+  while llama.cpp's ``--fit-target`` is applied to the free memory CUDA reports after it exists.
+  Default DEFAULT_CUDA_CONTEXT_MIB (docs/measurements.md).
 * reserve   - free memory left untouched, like llama.cpp's ``--fit-target`` (default 1024 MiB,
-  common/fit.cpp); it also absorbs the CUDA context and cuBLAS workspaces, which llama.cpp does
-  not account for.
+  common/fit.cpp), on top of the CUDA context.
 
 Layer placement (layer split): llama.cpp prefix-sums and normalizes ``-ts`` (src/llama-model.cpp:
 1556-1587), then sends "layer" ``il`` in ``0..n_layer_all`` (``n_layer_all`` = block_count, MTP
@@ -72,8 +76,11 @@ CACHE_TYPES = {
     "q5_1": (32, 24),
 }
 UNQUANTIZED_TYPES = frozenset({"f32", "f16", "bf16"})
-# Cheaper cache types suggested when a context does not fit, in order of preference.
-FALLBACK_CACHE_TYPES = ("q8_0", "q4_0")
+# Cheaper cache types checked when a context does not fit, in order of preference (most bits first);
+# every one that is cheaper than the requested type is checked and each that fits is suggested.
+# iq4_nl is left out: CUDA's flash attention has no iq4_nl K/V (ggml_cuda_fattn_kv_type_supported,
+# ggml/src/ggml-cuda/fattn.cu:525-539), and a quantized V cache needs flash attention.
+FALLBACK_CACHE_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 # Architectures with a draft-mtp graph (the models/*.cpp that honour ml.load_mtp, LLAMACPP.md 2).
 MTP_ARCHS = frozenset(
@@ -150,6 +157,9 @@ SM_TENSOR_UNSUPPORTED_ARCHS = frozenset(
 
 SPLIT_MODES = ("auto", "none", "layer", "tensor")
 DEFAULT_RESERVE_MIB = 1024  # llama.cpp --fit-target default (LLAMACPP.md 3)
+# CUDA context per GPU per process: 526 MiB in use on an H200 (CUDA 13.0, driver 580) before any
+# llama.cpp buffer (docs/measurements.md, 2026-11-29); older GPUs/toolkits use less.
+DEFAULT_CUDA_CONTEXT_MIB = 512
 DEFAULT_DRAFT_N_MAX = 2
 DEFAULT_N_UBATCH = 512  # common/common.h:454
 DEFAULT_N_BATCH = 2048  # common/common.h:453
@@ -157,10 +167,30 @@ DEFAULT_N_BATCH = 2048  # common/common.h:453
 # (ggml/src/ggml-backend.cpp:771-773, 1888, 1379-1387); llama.cpp turns it on for a layer split over
 # more than one device with every layer offloaded (src/llama-context.cpp:430-435).
 SCHED_MAX_COPIES = 4
+# Activation part of the compute buffers, per context, as factors of ``n_ubatch * 4 * (3 * n_ff +
+# 8 * n_embd)`` bytes, fitted to llama.cpp's own "compute buffer size" lines minus the terms counted
+# separately (KQ mask, logits) at 7 points (tests/gpu/calibrate_compute.py --backend cpu; table and
+# raw logs in docs/measurements.md and tests/gpu/results/cpu-2026-12-01/), each the largest fitted
+# value times CALIBRATION_MARGIN, rounded up:
+# * trunk context: measured = activations + mask + logits at every point; fitted 0.711 (129.4 MiB for
+#   Qwen3.6-27B at n_ubatch 512) -> ACTIVATION_FACTOR;
+# * MTP draft context: measured = max(peak, activations + mask) + logits - a mask-independent peak
+#   (fitted 0.761, 138.6 MiB, one mask included) dominates up to about 64k cells, activations beside
+#   the mask (fitted 0.358, 65.2 MiB) beyond -> MTP_PEAK_FACTOR, MTP_ACTIVATION_FACTOR.
+# Measured on the CPU backend (no GPU was available): the CUDA graph is the same graph, allocated by
+# the same ggml-alloc; the CUDA-only terms are added apart.
+CALIBRATION_MARGIN = 1.10
+ACTIVATION_FACTOR = 0.79
+MTP_ACTIVATION_FACTOR = 0.40
+MTP_PEAK_FACTOR = 0.84
 
-# nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set).
-_LINK_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SOC": 5, "SYS": 5}
-_UNKNOWN_LINK_RANK = 6
+# nvidia-smi topo -m link codes, best first (judged by the worst link inside a GPU set). ``NV<n>`` is a
+# bonded set of n NVLinks (the legend: "Connection traversing a bonded set of # NVLinks"), so its
+# bandwidth grows with n: NV18 < NV12 < ... < NV2 < NV1 in rank, every NV# above every PCIe path.
+_NV_MAX = 64  # more bonded links than any GPU has (H100/H200: 18)
+_LINK_RANK = {"PIX": _NV_MAX + 1, "PXB": _NV_MAX + 2, "PHB": _NV_MAX + 3, "NODE": _NV_MAX + 4, "SOC": _NV_MAX + 5}
+_LINK_RANK["SYS"] = _LINK_RANK["SOC"]  # SOC is the old name of SYS
+_UNKNOWN_LINK_RANK = _NV_MAX + 6
 
 
 class PlanError(Exception):
@@ -389,6 +419,7 @@ class Settings:
         kv_unified=False,
         n_ubatch=DEFAULT_N_UBATCH,
         n_batch=DEFAULT_N_BATCH,
+        cuda_context_mib=DEFAULT_CUDA_CONTEXT_MIB,
     ):
         self.context = _int("context", context, 1)
         self.cache_type_k = _check_cache_type("cache_type_k", cache_type_k)
@@ -398,6 +429,7 @@ class Settings:
         self.draft_cache_type_k = _check_cache_type("draft_cache_type_k", draft_cache_type_k)
         self.draft_cache_type_v = _check_cache_type("draft_cache_type_v", draft_cache_type_v)
         self.reserve_mib = _int("reserve_mib", reserve_mib, 0)
+        self.cuda_context_mib = _int("cuda_context_mib", cuda_context_mib, 0)
         self.compute_buffer_mib = (
             None if compute_buffer_mib is None else _int("compute_buffer_mib", compute_buffer_mib, 0)
         )
@@ -467,6 +499,7 @@ class Settings:
             "kv_unified": self.kv_unified,
             "n_ubatch": self.n_ubatch,
             "n_batch": self.n_batch,
+            "cuda_context_mib": self.cuda_context_mib,
         }
         kwargs.update(changes)
         return Settings(model, **kwargs)
@@ -507,51 +540,106 @@ def layer_costs(model, s):
     return costs
 
 
-def estimate_compute_bytes(model, s, *, has_kv, has_output, has_mtp, receives_hidden, pipeline):
-    """ESTIMATE of one device's compute buffers (the trunk context, plus the MTP context's on its device).
+COMPUTE_TERMS = (
+    "activations",
+    "kq_mask",
+    "inputs",
+    "kv_f16",
+    "logits",
+    "mtp_activations",
+    "mtp_kq_mask",
+    "mtp_inputs",
+    "mtp_kv_f16",
+    "mtp_logits",
+)
 
-    It is a sum of the terms that grow with the settings, taken from T's graph and allocator code,
-    plus a per-ubatch activation term that is a rough rule of thumb, not a measurement:
 
-    * activations: ``n_ubatch * 4 B * (3 * n_ff + 8 * n_embd)`` - FFN gate/up/product and a few
-      n_embd-wide F32 tensors alive at once; ggml-alloc reuses them from layer to layer, so this does
-      not grow with the number of layers (ESTIMATE, not derived from an allocator run).
-    * KQ mask: F16 ``n_ctx_seq x n_ubatch`` (src/llama-graph.cpp:982) on every device with attention
-      layers; with pipeline parallelism the scheduler keeps SCHED_MAX_COPIES copies of each split
-      input (ggml/src/ggml-backend.cpp:1379-1387, 1888).
-    * flash attention with a quantized K or V: the CUDA batch kernels convert the whole K/V view to
-      F16 inside the compute buffer (ggml/src/ggml-cuda/fattn.cu:722-756,
-      fattn-common.cuh:53-86): ``cells * n_embd_gqa * 2`` bytes each for K and V.
+def estimate_compute_terms(
+    model, s, *, has_kv, has_output, has_mtp, receives_hidden=False, pipeline=False, backend="cuda"
+):
+    """ESTIMATE, by term, of one device's compute buffers (bytes): the trunk context's, plus the MTP draft
+    context's on the device that holds the MTP block. ``backend="cpu"`` leaves out the CUDA-only terms
+    (what llama.cpp's CPU backend allocates for the same graph, for calibration and CPU plans).
+
+    * activations: ``ACTIVATION_FACTOR * n_ubatch * 4 * (3 * n_ff + 8 * n_embd)`` - the intermediate
+      tensors ggml-alloc keeps alive at once; they are reused from layer to layer, so this does not
+      grow with the layers a device holds. Calibrated on llama.cpp's own "compute buffer size"
+      lines (docs/measurements.md), with CALIBRATION_MARGIN; only Qwen3.6-27B's geometry was
+      measured, other architectures keep the shape of the formula.
+    * kq_mask: the F16 mask ``n_ctx_seq x n_ubatch`` (src/llama-graph.cpp:982) on devices with attention
+      layers. It is a graph input, so the scheduler places it on the CPU backend (ggml-backend.cpp:
+      944-948) and every GPU split that reads it gets its own copy (:1375-1388, CUDA cannot read the
+      host buffer, ggml-cuda.cu:5630-5634); with pipeline parallelism (a layer split over several
+      GPUs) each copy exists SCHED_MAX_COPIES times, all allocated up front (:1563-1590). CUDA: copies
+      times the mask; CPU: the mask once.
+    * inputs (CUDA only): the n_embd x n_ubatch F32 hidden state each GPU split receives - the token
+      embeddings from the CPU (token_embd stays on the CPU) on the first GPU, the previous GPU's
+      output on the others - times the same copies.
+    * kv_f16 (CUDA only): with a quantized K or V cache, the flash-attention kernels for batches (tile /
+      mma) read F16, and ggml_cuda_flash_attn_ext_get_alloc_size (ggml/src/ggml-cuda/fattn.cu:722-756,
+      fattn-common.cuh:53-86) enlarges the attention output's allocation in the compute buffer by an F16
+      copy of the whole K and V view: ``cells * n_embd_k_gqa * 2`` bytes (and the same for V).
     * logits: ``n_outputs * n_vocab * 4`` on the output device (server caps n_outputs at
       ``parallel * (1 + draft_n_max)``, tools/server/server-context.cpp:41-53).
-    * hidden state handed from the previous device: ``n_ubatch * n_embd * 4`` per copy.
-    * the MTP context (on the MTP device): another activation term, its own mask copies and, for a
-      quantized draft cache, its own F16 conversion.
+    * mtp_*: the MTP draft context (same n_ctx, n_ubatch and pipeline setting as the target,
+      common/speculative.cpp:2522-2535): its own activations (the larger of MTP_PEAK_FACTOR's peak less
+      one mask and MTP_ACTIVATION_FACTOR's activations beside the mask, as fitted), mask copies, two
+      inputs (token embeddings and the target's hidden state), F16 conversion for a quantized draft
+      cache, and logits.
     """
+    cuda = backend == "cuda"
     ub = s.ubatch
-    copies = SCHED_MAX_COPIES if pipeline else 1
-    act = ub * 4 * (3 * model.n_ff + 8 * model.n_embd)
+    copies = SCHED_MAX_COPIES if (pipeline and cuda) else 1
+    width = 3 * model.n_ff + 8 * model.n_embd
     mask = s.cells["n_ctx_seq"] * ub * 2
-    width = model.max_kv_width()
-    total = act
+    hidden = ub * model.n_embd * 4
+    logits = s.n_outputs * model.n_vocab * 4
+    t = dict.fromkeys(COMPUTE_TERMS, 0)
+    t["activations"] = int(ACTIVATION_FACTOR * ub * 4 * width)
     if has_kv:
-        total += copies * mask
-        if s.cache_type_k not in UNQUANTIZED_TYPES:
-            total += s.cells["cells"] * model.key_length * width * 2
-        if s.cache_type_v not in UNQUANTIZED_TYPES:
-            total += s.cells["cells"] * model.value_length * width * 2
-    if receives_hidden:
-        total += copies * ub * model.n_embd * 4
+        t["kq_mask"] = copies * mask
+        if cuda:
+            nkv = model.max_kv_width()
+            if s.cache_type_k not in UNQUANTIZED_TYPES:
+                t["kv_f16"] += s.cells["cells"] * model.key_length * nkv * 2
+            if s.cache_type_v not in UNQUANTIZED_TYPES:
+                t["kv_f16"] += s.cells["cells"] * model.value_length * nkv * 2
+    if cuda:
+        t["inputs"] = copies * hidden
     if has_output:
-        total += s.n_outputs * model.n_vocab * 4
+        t["logits"] = logits
     if has_mtp:
-        total += act + copies * mask + s.n_outputs * model.n_vocab * 4
-        nkv = max(model.n_head_kv(il) for il in range(model.n_trunk, model.n_layer_all))
-        if s.draft_cache_type_k not in UNQUANTIZED_TYPES:
-            total += s.cells["cells"] * model.key_length * nkv * 2
-        if s.draft_cache_type_v not in UNQUANTIZED_TYPES:
-            total += s.cells["cells"] * model.value_length * nkv * 2
-    return total
+        # max(peak, activations + mask), the peak counting one mask: the mask term stays apart (copies)
+        peak = int(MTP_PEAK_FACTOR * ub * 4 * width)
+        t["mtp_activations"] = max(peak - mask, int(MTP_ACTIVATION_FACTOR * ub * 4 * width))
+        t["mtp_kq_mask"] = copies * mask
+        t["mtp_logits"] = logits
+        if cuda:
+            t["mtp_inputs"] = copies * 2 * hidden
+            nkv = max(model.n_head_kv(il) for il in range(model.n_trunk, model.n_layer_all))
+            if s.draft_cache_type_k not in UNQUANTIZED_TYPES:
+                t["mtp_kv_f16"] += s.cells["cells"] * model.key_length * nkv * 2
+            if s.draft_cache_type_v not in UNQUANTIZED_TYPES:
+                t["mtp_kv_f16"] += s.cells["cells"] * model.value_length * nkv * 2
+    return t
+
+
+def estimate_compute_bytes(
+    model, s, *, has_kv, has_output, has_mtp, receives_hidden=False, pipeline=False, backend="cuda"
+):
+    """The sum of ``estimate_compute_terms``: ESTIMATE of one device's compute buffers, in bytes."""
+    return sum(
+        estimate_compute_terms(
+            model,
+            s,
+            has_kv=has_kv,
+            has_output=has_output,
+            has_mtp=has_mtp,
+            receives_hidden=receives_hidden,
+            pipeline=pipeline,
+            backend=backend,
+        ).values()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -561,9 +649,10 @@ def estimate_compute_bytes(model, s, *, has_kv, has_output, has_mtp, receives_hi
 class _Layout:
     """Prefix sums over the layer costs, to price any contiguous run of layers quickly."""
 
-    def __init__(self, model, s):
+    def __init__(self, model, s, backend="cuda"):
         self.model = model
         self.s = s
+        self.backend = backend
         self.costs = layer_costs(model, s)
         self.n = len(self.costs)  # n_layer_all + 1
         self.prefix = [0]
@@ -583,19 +672,30 @@ class _Layout:
             "has_mtp": self.mtp_first is not None and a <= self.mtp_first < b,
         }
 
-    def compute(self, a, b, position, pipeline):
+    def compute_terms(self, a, b, position, pipeline):
+        """The estimate's terms (bytes) for layers [a, b) at this position; None with a flat value."""
         if self.s.compute_buffer_mib is not None:
-            return self.s.compute_buffer_mib * MIB
+            return None
         flags = self.flags(a, b)
         key = (flags["has_kv"], flags["has_output"], flags["has_mtp"], position > 0, pipeline)
         if key not in self._compute_cache:
-            self._compute_cache[key] = estimate_compute_bytes(
-                self.model, self.s, receives_hidden=position > 0, pipeline=pipeline, **flags
+            self._compute_cache[key] = estimate_compute_terms(
+                self.model, self.s, receives_hidden=position > 0, pipeline=pipeline, backend=self.backend, **flags
             )
         return self._compute_cache[key]
 
+    def compute(self, a, b, position, pipeline):
+        if self.s.compute_buffer_mib is not None:
+            return self.s.compute_buffer_mib * MIB
+        return sum(self.compute_terms(a, b, position, pipeline).values())
+
+    def overhead_bytes(self):
+        """Per device, besides its buffers: the CUDA context and the reserve."""
+        context = self.s.cuda_context_mib if self.backend == "cuda" else 0
+        return (context + self.s.reserve_mib) * MIB
+
     def need(self, a, b, position, pipeline):
-        return self.prefix[b] - self.prefix[a] + self.compute(a, b, position, pipeline) + self.s.reserve_mib * MIB
+        return self.prefix[b] - self.prefix[a] + self.compute(a, b, position, pipeline) + self.overhead_bytes()
 
 
 def _balanced_counts(layout, free_bytes):
@@ -636,21 +736,44 @@ def _balanced_counts(layout, free_bytes):
     return counts
 
 
+# Per-device MiB keys that add up to total_mib, in the order the refusal message lists them.
+COUNTED = (*CATEGORIES, "compute", "cuda_context", "reserve")
+_COUNTED_WORDS = {
+    "weights": "weights",
+    "kv": "KV",
+    "recurrent": "recurrent state",
+    "mtp_weights": "MTP weights",
+    "mtp_kv": "MTP KV",
+    "output": "output",
+    "compute": "compute",
+    "cuda_context": "CUDA context",
+    "reserve": "reserve",
+}
+
+
 def _device_plan(layout, gpu, a, b, position, pipeline, bytes_by_cat):
     s = layout.s
     compute = layout.compute(a, b, position, pipeline) if b > a else 0
+    terms = layout.compute_terms(a, b, position, pipeline) if b > a else None
     entry = {"device": gpu["index"], "name": gpu.get("name")}
     for cat in CATEGORIES:
         entry[f"{cat}_mib"] = _mib(bytes_by_cat[cat])
     entry["compute_mib"] = _mib(compute)
+    entry["compute_terms_mib"] = {k: round(v / MIB, 1) for k, v in terms.items() if v} if terms else None
+    entry["cuda_context_mib"] = s.cuda_context_mib if layout.backend == "cuda" else 0
     entry["reserve_mib"] = s.reserve_mib
-    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in (*CATEGORIES, "compute", "reserve"))
+    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in COUNTED)
     free = int(gpu.get("memory_free_mib") or 0)
     entry["free_before_mib"] = free
     # expected free memory once llama-server runs (the reserve is not consumed)
     entry["free_after_mib"] = free - (entry["total_mib"] - s.reserve_mib)
     entry["fits"] = entry["total_mib"] <= free
     return entry
+
+
+def counted_words(d):
+    """``weights 8551 + KV 2592 + ... + reserve 1024`` for a per_device entry (zero terms left out)."""
+    return " + ".join(f"{_COUNTED_WORDS[c]} {d[c + '_mib']}" for c in COUNTED if d.get(c + "_mib"))
 
 
 def plan_instance(model, s, gpus, layout=None):
@@ -785,13 +908,23 @@ def _llama_args(model, s, inst):
 # GPU selection
 
 
+def nvlink_count(code):
+    """Bonded NVLinks of a ``topo -m`` code: ``NV4`` -> 4; 0 for anything else."""
+    if isinstance(code, str):
+        code = code.strip().upper()
+        if code.startswith("NV") and code[2:].isdigit() and 0 < int(code[2:]) <= _NV_MAX:
+            return int(code[2:])
+    return 0
+
+
 def _link_rank(code):
+    """Lower is faster: NV<n> by n bonded links (NV18 first), then PIX, PXB, PHB, NODE, SYS/SOC, unknown."""
+    links = nvlink_count(code)
+    if links:
+        return _NV_MAX - links
     if not isinstance(code, str):
         return _UNKNOWN_LINK_RANK
-    code = code.strip().upper()
-    if code.startswith("NV") and code[2:].isdigit():
-        return _LINK_RANK["NV"]
-    return _LINK_RANK.get(code, _UNKNOWN_LINK_RANK)
+    return _LINK_RANK.get(code.strip().upper(), _UNKNOWN_LINK_RANK)
 
 
 def _link(matrix, i, j):
@@ -802,18 +935,21 @@ def _link(matrix, i, j):
 
 
 def _group_key(group, matrix):
-    """Sort key: worst link inside the set (NV# < PIX < PXB < PHB < NODE < SYS), then one NUMA node,
+    """Sort key: the worst link inside the set (NV18 < ... < NV2 < NV1 < PIX < PXB < PHB < NODE < SYS),
+    then the most NVLinks inside the set in total (bandwidth over all its pairs), then one NUMA node,
     then most free memory, then lowest indices."""
     worst, worst_code = -1, None
+    total_links = 0
     for a, b in itertools.combinations(group, 2):
         code = _link(matrix, a["index"], b["index"])
         rank = _link_rank(code)
+        total_links += nvlink_count(code)
         if rank > worst:
             worst, worst_code = rank, code
     numas = {g.get("numa_node") for g in group}
     one_numa = 0 if (len(numas) == 1 and None not in numas) or len(group) == 1 else 1
     free = sum(int(g.get("memory_free_mib") or 0) for g in group)
-    return (max(worst, 0), one_numa, -free, [g["index"] for g in group]), worst_code
+    return (max(worst, 0), -total_links, one_numa, -free, [g["index"] for g in group]), worst_code
 
 
 def usable_gpus(gpu_facts, devices=None):
@@ -870,7 +1006,7 @@ def find_group(model, s, pool, matrix, max_gpus):
         sizes = range(1, min(1, len(pool)) + 1)
     layout = _Layout(model, s)
     for size in sizes:
-        bound = layout.prefix[-1] / MIB + size * s.reserve_mib
+        bound = (layout.prefix[-1] + size * layout.overhead_bytes()) / MIB
         for _key, group, worst_code in _candidate_groups(pool, size, matrix):
             if sum(int(g["memory_free_mib"]) for g in group) < bound:
                 continue
@@ -905,11 +1041,16 @@ def _explain_model(model, s):
         lines.append("MTP off: nextn tensors are not loaded." if model.has_mtp else "Model has no MTP head.")
     if s.compute_buffer_mib is None:
         lines.append(
-            "Compute buffers are an ESTIMATE (activations + KQ mask copies + F16 K/V conversion for quantized "
-            "caches); the reserve absorbs the CUDA context and estimation error."
+            "Compute buffers are an ESTIMATE per GPU (compute_terms_mib): activations calibrated on llama.cpp's "
+            "own buffer sizes, plus the KQ mask copies (4 per GPU in a layer split), the hidden-state inputs and, "
+            "for a quantized cache, CUDA's F16 copy of K/V for the flash-attention batch kernels."
         )
     else:
         lines.append(f"Compute buffers: flat {s.compute_buffer_mib} MiB per device (given).")
+    lines.append(
+        f"Per GPU also counted: the CUDA context ({s.cuda_context_mib} MiB) and the reserve ({s.reserve_mib} MiB "
+        "left free, like llama.cpp's --fit-target)."
+    )
     return lines
 
 
@@ -929,7 +1070,8 @@ def _explain_instance(model, inst, worst_code, n):
             f"-ts {inst['tensor_split_arg']}."
         )
         if inst["split_mode"] == "layer":
-            for lay, d in zip(inst["layers"], inst["per_device"], strict=True):
+            for k, lay in enumerate(inst["layers"]):
+                d = inst["per_device"][k]
                 extra = []
                 if lay["holds_mtp"]:
                     extra.append("MTP block")
@@ -941,8 +1083,7 @@ def _explain_instance(model, inst, worst_code, n):
                 lines.append(
                     f"  CUDA{lay['cuda_index']} = GPU {lay['device']}: {blocks}"
                     + (f" + {' + '.join(extra)}" if extra else "")
-                    + f"; {d['total_mib']} of {d['free_before_mib']} MiB free "
-                    f"(weights {d['weights_mib']}, KV {d['kv_mib']}, compute {d['compute_mib']})."
+                    + f"; {d['total_mib']} of {d['free_before_mib']} MiB free ({counted_words(d)})."
                 )
             lines.append(
                 "  Layer ranges are llama.cpp's own assignment for this -ts, re-computed with its float32 "
@@ -958,6 +1099,8 @@ def _failure_numbers(inst):
             "needed_mib": d["total_mib"],
             "available_mib": d["free_before_mib"],
             "short_mib": max(0, d["total_mib"] - d["free_before_mib"]),
+            "counted_mib": {c: d[c + "_mib"] for c in COUNTED},
+            "compute_terms_mib": d.get("compute_terms_mib"),
         }
         for d in inst["per_device"]
     ]
@@ -966,6 +1109,15 @@ def _failure_numbers(inst):
 def _fits_anywhere(model, s, pool, matrix, max_gpus):
     inst, _ = find_group(model, s, pool, matrix, max_gpus)
     return inst is not None
+
+
+def _best_attempt(model, s, pool, matrix, max_gpus):
+    """The plan on the preferred largest allowed GPU set (for numbers when nothing fits)."""
+    for size in range(min(max_gpus, len(pool)), 0, -1):
+        groups = _candidate_groups(pool, size, matrix)
+        if groups:
+            return plan_instance(model, s, groups[0][1])
+    return None
 
 
 def _suggest(model, s, pool, matrix, max_gpus):
@@ -986,6 +1138,7 @@ def _suggest(model, s, pool, matrix, max_gpus):
         return CACHE_TYPES[name][1] / CACHE_TYPES[name][0]
 
     bytes_now = per_value(s.cache_type_k) + per_value(s.cache_type_v)
+    out["checked_cache_types"] = []
     for t in FALLBACK_CACHE_TYPES:
         if 2 * per_value(t) >= bytes_now:
             continue
@@ -993,8 +1146,15 @@ def _suggest(model, s, pool, matrix, max_gpus):
             alt = s.with_changes(model, cache_type_k=t, cache_type_v=t)
         except PlanError:
             continue
-        if _fits_anywhere(model, alt, pool, matrix, max_gpus):
+        fits = _fits_anywhere(model, alt, pool, matrix, max_gpus)
+        check = {"cache_type": t, "fits": fits, "short_mib": 0}
+        if fits:
             out["cache_types"].append(t)
+        else:
+            attempt = _best_attempt(model, alt, pool, matrix, max_gpus)
+            if attempt:
+                check["short_mib"] = max(max(0, d["total_mib"] - d["free_before_mib"]) for d in attempt["per_device"])
+        out["checked_cache_types"].append(check)
     return out
 
 
@@ -1019,6 +1179,7 @@ def plan(
     cpu_ok=None,
     kv_unified=False,
     n_ubatch=DEFAULT_N_UBATCH,
+    cuda_context_mib=DEFAULT_CUDA_CONTEXT_MIB,
 ):
     """Plan llama-server instance(s) for ``gguf`` on the host described by ``gpu_facts``.
 
@@ -1047,6 +1208,7 @@ def plan(
         force_tensor_split=force_tensor_split,
         kv_unified=kv_unified,
         n_ubatch=n_ubatch,
+        cuda_context_mib=cuda_context_mib,
     )
     if replicas != "auto":
         replicas = _int("replicas", replicas, 1)
@@ -1058,7 +1220,12 @@ def plan(
     matrix = (gpu_facts.get("topology") or {}).get("matrix")
     explanation = _explain_model(model, s)
     for sk in skipped:
-        explanation.append(f"Skipped GPU {sk['index']}: {sk['reason']}.")
+        explanation.append(f"Skipped GPU {sk['index']}: {sk['reason'].rstrip('.')}; planning on the other GPUs.")
+    topo_error = (gpu_facts.get("topology") or {}).get("error")
+    if topo_error:
+        explanation.append(
+            f"GPU links unknown ({topo_error.rstrip('.')}): GPU sets are chosen by NUMA node and free memory."
+        )
     settings = {
         "context": s.context,
         "n_ctx": s.cells["n_ctx"],
@@ -1073,6 +1240,7 @@ def plan(
         "draft_cache_type_v": s.draft_cache_type_v,
         "recurrent_rows": s.parallel * (1 + s.n_rs_seq) if model.recurrent_layers else 0,
         "reserve_mib": s.reserve_mib,
+        "cuda_context_mib": s.cuda_context_mib,
         "compute_buffer_mib": s.compute_buffer_mib,
         "compute_estimated": s.compute_buffer_mib is None,
         "split_mode": s.split_mode,
@@ -1135,12 +1303,7 @@ def _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped):
         )
         return PlanError(msg, {"instances": instances, "skipped": skipped})
     # best effort on the largest allowed set, to report numbers
-    best = None
-    for size in range(min(max_gpus, len(pool)), 0, -1):
-        groups = _candidate_groups(pool, size, matrix)
-        if groups:
-            best = plan_instance(model, s, groups[0][1])
-            break
+    best = _best_attempt(model, s, pool, matrix, max_gpus)
     numbers = _failure_numbers(best) if best else []
     sugg = _suggest(model, s, pool, matrix, max_gpus)
     parts = [
@@ -1154,7 +1317,9 @@ def _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped):
             + (f" (-ts {best['tensor_split_arg']})" if best["tensor_split_arg"] else "")
             + ": "
             + "; ".join(
-                f"GPU {n['device']} needs {n['needed_mib']} MiB, has {n['available_mib']} MiB free" for n in numbers
+                f"GPU {n['device']} needs {n['needed_mib']} MiB ({counted_words(best['per_device'][k])}), "
+                f"has {n['available_mib']} MiB free"
+                for k, n in enumerate(numbers)
             )
             + "."
         )
@@ -1163,8 +1328,15 @@ def _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped):
         would.append(f"context <= {sugg['max_context']} at {s.cache_type_k}/{s.cache_type_v}")
     for t in sugg["cache_types"]:
         would.append(f"cache_type_k/v {t} at context {s.context}")
+    too_big = [c for c in sugg.get("checked_cache_types", []) if not c["fits"]]
     if would:
         parts.append("Would fit: " + ", or ".join(would) + ".")
+        if too_big:
+            parts.append(
+                "Checked and too big at this context: "
+                + ", ".join(f"{c['cache_type']} (short by {c['short_mib']} MiB on one GPU)" for c in too_big)
+                + "."
+            )
     else:
         weights = _mib(sum(model.layer_bytes[: model.n_trunk]) + model.output_bytes)
         parts.append(
@@ -1181,19 +1353,22 @@ def _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped):
 
 
 def _cpu_plan(model, s, result, explanation, count):
-    layout = _Layout(model, s)
+    layout = _Layout(model, s, backend="cpu")
     by_cat = dict.fromkeys(CATEGORIES, 0)
     for c in layout.costs:
         for cat, v in c.items():
             by_cat[cat] += v
     compute = layout.compute(0, layout.n, 0, False)
+    terms = layout.compute_terms(0, layout.n, 0, False)
     entry = {"device": "cpu", "name": "host"}
     for cat in CATEGORIES:
         entry[f"{cat}_mib"] = _mib(by_cat[cat])
     entry["weights_mib"] += _mib(model.token_embd_bytes)
     entry["compute_mib"] = _mib(compute)
+    entry["compute_terms_mib"] = {k: round(v / MIB, 1) for k, v in terms.items() if v} if terms else None
+    entry["cuda_context_mib"] = 0
     entry["reserve_mib"] = 0
-    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in (*CATEGORIES, "compute", "reserve"))
+    entry["total_mib"] = sum(entry[f"{cat}_mib"] for cat in COUNTED)
     entry["free_before_mib"] = None
     entry["free_after_mib"] = None
     entry["fits"] = True

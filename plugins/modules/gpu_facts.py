@@ -14,9 +14,18 @@ description:
     C(gpu_facts) fact in the shape docs/facts.md of the collection specifies.
   - A host without nvidia-smi, or whose nvidia-smi says C(No devices were found), gets
     C(count=0) and C(source=none) unless O(required=true).
-  - "Fails, quoting nvidia-smi's own words, when nvidia-smi cannot talk to the driver (for example
-    C(Failed to initialize NVML: Driver/library version mismatch)), when a GPU reports an error
-    (C(Unknown Error), C(GPU is lost), C(GPU requires reset)), or when its output cannot be parsed."
+  - "Fails, in one line that names the command and quotes at most 200 characters of nvidia-smi's own
+    words, when nvidia-smi cannot talk to the driver (for example C(Failed to initialize NVML:
+    Driver/library version mismatch)) or when its output cannot be parsed."
+  - A GPU that reports an error (a C(Unable to determine the device handle for GPU ...) line, or
+    C([Unknown Error]), C([GPU is lost]), C([GPU requires reset]) in its fields, in any letter case),
+    or whose memory size or free memory is not available (C([N/A])), is still listed, with
+    C(healthy=false) and the reason in C(error); the facts are returned with a warning, so the
+    other GPUs can be planned on (M(llamafleet.mtp.tensor_split) skips unhealthy GPUs). Set
+    O(require_healthy) to fail instead.
+  - nvidia-smi's output is decoded as UTF-8 with replacement characters (a non-UTF-8 byte in a GPU
+    name or a localized message does not break the result); ANSI escape codes (with or without
+    their ESC byte), CRLF line ends and spaces in place of tabs are accepted.
   - Read-only; never reports a change. In check mode it runs normally.
   - Drivers older than R510 do not know the C(compute_cap) query field; the query is then repeated
     without it and C(compute_capability) is null.
@@ -34,6 +43,16 @@ options:
       - Fail when the host has no usable NVIDIA GPU (no nvidia-smi, or no devices).
     type: bool
     default: false
+  require_healthy:
+    description:
+      - What to do when nvidia-smi reports GPUs that are not healthy.
+      - C(none) - return the facts (those GPUs with C(healthy=false) and C(error)) and warn.
+      - C(any) - fail when no GPU is healthy.
+      - C(all) - fail when any GPU is not healthy (for hosts that must have every GPU working).
+      - On failure the facts that could be read are returned as C(gpu_facts).
+    type: str
+    default: none
+    choices: [none, any, all]
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.read_only
 notes:
@@ -48,6 +67,10 @@ EXAMPLES = r"""
 - name: A GPU host must have working GPUs
   llamafleet.mtp.gpu_facts:
     required: true
+
+- name: Every GPU of this host must be healthy (a strict group)
+  llamafleet.mtp.gpu_facts:
+    require_healthy: all
 
 - name: Use a nvidia-smi outside PATH
   llamafleet.mtp.gpu_facts:
@@ -90,6 +113,9 @@ ansible_facts:
             - One entry per GPU, by nvidia-smi index (index, uuid, name, pci_bus_id, memory_total_mib,
               memory_used_mib, memory_free_mib, compute_capability, mig_mode, numa_node, cpu_affinity,
               healthy, error).
+            - A GPU nvidia-smi cannot read has C(healthy=false), C(error) (nvidia-smi's words, one line)
+              and null for what could not be read; a device-handle error line stands in the place of
+              that GPU, so its position is its index.
           type: list
           elements: dict
           sample:
@@ -110,16 +136,18 @@ ansible_facts:
           description:
             - C(matrix), link codes between GPUs indexed by GPU index; C(nvlink_groups), the connected
               components over NV# links (singletons omitted).
+            - C(error), only when C(nvidia-smi topo -m) could not be read because of an unhealthy GPU
+              (the matrix is then empty); one line naming the command.
           type: dict
           sample:
             matrix: [["X", "NV4"], ["NV4", "X"]]
             nvlink_groups: [[0, 1]]
 gpu_facts:
-  description: On failure because a GPU reports an error, what could be read (that GPU with healthy=false).
-  returned: failed because of a GPU error
+  description: On failure because of O(require_healthy), what could be read (the GPUs with healthy=false).
+  returned: failed because of O(require_healthy)
   type: dict
 nvidia_smi_output:
-  description: nvidia-smi's output when it failed or could not be parsed.
+  description: nvidia-smi's output (decoded, ANSI codes removed) when it failed or could not be parsed.
   returned: failed
   type: str
 """
@@ -141,6 +169,7 @@ def main() -> None:
         argument_spec={
             "nvidia_smi": {"type": "path"},
             "required": {"type": "bool", "default": False},
+            "require_healthy": {"type": "str", "default": "none", "choices": ["none", "any", "all"]},
         },
         supports_check_mode=True,
     )
@@ -160,17 +189,23 @@ def main() -> None:
     if not path:
         no_gpu("nvidia-smi is not on PATH (install the NVIDIA driver, or set nvidia_smi)")
 
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        return module.run_command(argv, environ_update={"LC_ALL": "C"})
+    def run(argv: list[str]) -> tuple[int, bytes, bytes]:
+        # bytes: collect() decodes them with replacement, so a non-UTF-8 byte cannot break the result
+        return module.run_command(argv, environ_update={"LC_ALL": "C"}, encoding=None)
 
     try:
-        facts = collect(run, path)
+        facts = collect(run, path, module.params["require_healthy"])
     except NoDevicesError as e:
         no_gpu(str(e))
     except GpuError as e:
         module.fail_json(msg=str(e), gpu_facts=e.facts, nvidia_smi_output=e.output)
     except NvidiaSmiError as e:
         module.fail_json(msg=str(e), nvidia_smi_output=e.output)
+    for gpu in facts["gpus"]:
+        if not gpu["healthy"]:
+            module.warn(f"GPU {gpu['index']} ({gpu['pci_bus_id'] or 'bus id unknown'}) is not healthy: {gpu['error']}")
+    if facts["topology"].get("error"):
+        module.warn(f"no GPU topology: {facts['topology']['error']}")
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

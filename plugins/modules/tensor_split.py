@@ -18,16 +18,21 @@ description:
     MTP draft context's own KV cache on the GPU that holds the MTP block, the output tensor on the GPU that
     holds the output layer, compute buffers and a reserve. C(token_embd) stays in host memory, as llama.cpp
     keeps the input layer on the CPU.
-  - Picks the fewest GPUs that fit; among sets of the same size it prefers the fastest interconnect (judged by
-    the worst link inside the set, C(NV#) > C(PIX) > C(PXB) > C(PHB) > C(NODE) > C(SYS)), then a single NUMA
-    node, then the most free memory. Uses C(memory_free_mib), so memory used by other processes counts.
-    GPUs in MIG mode and unhealthy GPUs are skipped, with a note.
+  - Picks the fewest GPUs that fit; among sets of the same size it prefers the fastest interconnect, judged by
+    the worst link inside the set - C(NV<n>) is a bonded set of n NVLinks, so C(NV18) > C(NV12) > ... > C(NV2) >
+    C(NV1), and every C(NV#) beats C(PIX) > C(PXB) > C(PHB) > C(NODE) > C(SYS) - then, among sets with the same
+    worst link, the most NVLinks inside the set in total (the most NVLink bandwidth), then a single NUMA node,
+    then the most free memory. On an 8x V100 SXM2 cube mesh a 2-GPU instance therefore takes an C(NV2) pair,
+    not an C(NV1) one. Uses C(memory_free_mib), so memory used by other processes counts.
+  - GPUs in MIG mode and unhealthy GPUs (C(healthy=false) in C(gpu_facts), for example a GPU nvidia-smi cannot
+    reach) are skipped with a note in C(skipped) and C(explanation); the plan uses the other GPUs.
   - For a layer split it chooses integer C(-ts) proportions (one per GPU, in C(CUDA_VISIBLE_DEVICES) order)
     that balance the needed/free ratio of the GPUs, then re-runs llama.cpp's own float32 layer-assignment
     formula (src/llama-model.cpp:1556-1614) on them and plans from that assignment.
-  - When nothing fits it fails before anything changes, with the numbers (needed vs free per GPU) and what
-    would fit - the largest context (a multiple of 256) at the requested cache types, and/or the cheaper
-    cache types (C(q8_0), C(q4_0)) that fit the requested context.
+  - When nothing fits it fails before anything changes, with the numbers (per GPU, what it needs by category
+    and what it has free) and what would fit - the largest context (a multiple of 256) at the requested cache
+    types, and every cheaper cache type (C(q8_0), C(q5_1), C(q5_0), C(q4_1), C(q4_0)) that fits the
+    requested context; the cheaper types that were checked and do not fit are named with their shortfall.
   - Compute buffers are an estimate unless O(compute_buffer_mib) is given; see that option.
 author:
   - llamafleet maintainers
@@ -89,23 +94,35 @@ options:
     choices: [f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1]
   reserve_mib:
     description:
-      - Free memory (MiB) to leave on every GPU, like llama.cpp's C(--fit-target) (default 1024). It also has to
-        absorb the CUDA context and cuBLAS workspaces (a few hundred MiB per GPU), which this plan does not count.
+      - Free memory (MiB) to leave on every GPU, like llama.cpp's C(--fit-target) (default 1024), on top of the
+        CUDA context (O(cuda_context_mib)).
     type: int
     default: 1024
+  cuda_context_mib:
+    description:
+      - Memory (MiB) the CUDA context of the llama-server process takes on every GPU it uses, before any buffer
+        (driver state, loaded kernels, cuBLAS). nvidia-smi's free memory still includes it; llama.cpp's own
+        C(--fit-target) is measured after it exists. 526 MiB were in use on an H200 (CUDA 13.0, driver 580)
+        before any llama.cpp buffer; older GPUs and toolkits use less. Not counted for a CPU-only plan.
+    type: int
+    default: 512
   compute_buffer_mib:
     description:
       - Flat compute-buffer size (MiB) to plan on every GPU instead of the built-in estimate (for example a value
-        measured with C(llama-fit-params) or read from llama-server's C(compute buffer size) log lines).
-      - "The built-in estimate, per GPU, is the sum of - activations C(n_ubatch * 4 * (3 * n_ff + 8 * n_embd)) bytes
-        (a rule of thumb; n_ubatch 512); the F16 KQ mask C(n_ctx_seq * n_ubatch * 2) bytes on GPUs with attention
-        layers, times 4 when a layer split pipelines over several GPUs (ggml's scheduler keeps 4 input copies);
-        with a quantized K or V cache, the F16 copy of the whole K and V that CUDA's batched flash-attention kernels
-        make inside the compute buffer (ggml-cuda/fattn.cu); logits for C(parallel * (1 + draft_n_max)) outputs on
-        the output GPU; and the MTP draft context's own activations, mask and conversion on the MTP GPU."
-      - "It is an estimate: on llama.cpp's CPU backend (same graph) this model measured 164 MiB + 130 MiB (target +
-        MTP contexts) at 32768 f16 where the estimate says 434 MiB, and 388 MiB + 324 MiB at 262144 q4_0 where the
-        estimate, without the CUDA-only F16 conversion, says 882 MiB; CUDA was not measured."
+        read from llama-server's C(CUDA0 compute buffer size) log lines; C(tests/gpu/calibrate_compute.py) collects
+        them).
+      - "The built-in estimate, per GPU, is the sum of the terms returned as C(compute_terms_mib) -
+        C(activations) (a per-ubatch term calibrated on llama.cpp's own compute-buffer sizes, docs/measurements.md);
+        C(kq_mask), the F16 KQ mask C(n_ctx_seq * n_ubatch * 2) bytes on GPUs with attention layers, copied to
+        every GPU from the host and kept 4 times when a layer split pipelines over several GPUs (ggml's scheduler);
+        C(inputs), the hidden state each GPU receives, with the same copies; C(kv_f16), with a quantized K or V
+        cache, the F16 copy of one layer's whole K and V that CUDA's batched flash-attention kernels add to the
+        compute buffer (ggml-cuda/fattn.cu); C(logits) on the output GPU; and the MTP draft context's own
+        C(mtp_*) terms on the GPU that holds the MTP block."
+      - "The activation term was calibrated on llama.cpp's CPU backend (no GPU was available); the CUDA-only
+        terms follow the llama.cpp source lines cited in plugins/module_utils/tensor_plan.py. Two single-GPU runs
+        on an H200 used within 0.1 % of the planned totals (with the CUDA context taken from the same runs); the
+        4 KQ-mask copies per GPU of a layer split come from the scheduler's source and were not measured."
     type: int
   devices:
     description:
@@ -250,12 +267,33 @@ plan:
           elements: dict
         per_device:
           description:
-            - Per GPU, MiB by category - C(weights_mib), C(kv_mib), C(recurrent_mib), C(mtp_weights_mib),
-              C(mtp_kv_mib), C(output_mib), C(compute_mib), C(reserve_mib); C(total_mib) (their sum),
-              C(free_before_mib) (nvidia-smi's free memory), C(free_after_mib) (expected free memory once the
-              server runs, i.e. free_before - (total - reserve)), C(fits) (total <= free_before), C(device), C(name).
+            - Per GPU, what was counted, in MiB - C(weights_mib) (trunk blocks it holds), C(kv_mib), C(recurrent_mib),
+              C(mtp_weights_mib), C(mtp_kv_mib) (MTP block and its draft KV cache, on the GPU holding it),
+              C(output_mib), C(compute_mib), C(cuda_context_mib), C(reserve_mib); C(total_mib) (their sum).
+            - C(compute_terms_mib) - the compute estimate by term (C(activations), C(kq_mask), C(inputs), C(kv_f16),
+              C(logits) and the MTP context's C(mtp_activations), C(mtp_kq_mask), C(mtp_inputs), C(mtp_kv_f16),
+              C(mtp_logits); zero terms left out); null with O(compute_buffer_mib).
+            - C(free_before_mib) (nvidia-smi's free memory), C(free_after_mib) (expected free memory once the server
+              runs, i.e. free_before - (total - reserve)), C(fits) (total <= free_before), C(device), C(name).
           type: list
           elements: dict
+          sample:
+            - device: 0
+              name: Tesla V100-PCIE-16GB
+              weights_mib: 8346
+              kv_mib: 2592
+              recurrent_mib: 272
+              mtp_weights_mib: 0
+              mtp_kv_mib: 0
+              output_mib: 0
+              compute_mib: 2232
+              compute_terms_mib: {activations: 143.8, kq_mask: 1024.0, inputs: 40.0, kv_f16: 1024.0}
+              cuda_context_mib: 512
+              reserve_mib: 1024
+              total_mib: 14978
+              free_before_mib: 16384
+              free_after_mib: 2430
+              fits: true
         fits:
           description: Every GPU of the instance fits.
           type: bool
@@ -274,9 +312,14 @@ plan:
           type: list
           elements: str
 plan_error:
-  description: On failure, the numbers - C(needed_vs_available) per GPU (C(device), C(needed_mib),
-    C(available_mib), C(short_mib)), the best C(attempt) (an instance as above), C(suggestions) (C(max_context),
-    C(cache_types)) and C(skipped).
+  description:
+    - On failure, the numbers - C(needed_vs_available) per GPU (C(device), C(needed_mib), C(available_mib),
+      C(short_mib), C(counted_mib) - what was counted, by the C(per_device) categories above - and
+      C(compute_terms_mib)), the best C(attempt) (an instance as above), C(suggestions) and C(skipped).
+    - C(suggestions) has C(max_context) (the largest context, a multiple of 256, that fits at the requested cache
+      types), C(cache_types) (every cheaper cache type that fits the requested context) and
+      C(checked_cache_types) (each cheaper type tried - C(cache_type), C(fits), C(short_mib)).
+    - The message says the same in words - per GPU, what it needs by category and what it has free.
   returned: failure
   type: dict
 """
@@ -303,6 +346,7 @@ def main() -> None:
             "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
             "reserve_mib": {"type": "int", "default": 1024},
             "compute_buffer_mib": {"type": "int"},
+            "cuda_context_mib": {"type": "int", "default": 512},
             "devices": {"type": "list", "elements": "int"},
             "max_gpus": {"type": "int"},
             "replicas": {"type": "raw", "default": 1},

@@ -31,20 +31,25 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
-def standin_runner(profile: str | os.PathLike):
-    """A ``run(argv) -> (rc, stdout, stderr)`` that executes argv with NVIDIA_SMI_PROFILE set."""
+def standin_runner(profile: str | os.PathLike, raw: bool = False):
+    """A ``run(argv) -> (rc, stdout, stderr)`` that executes argv with NVIDIA_SMI_PROFILE set.
+
+    ``raw=True`` returns the bytes as the process wrote them (the module reads bytes too);
+    otherwise text, decoded as UTF-8 with replacement."""
     env = dict(os.environ, NVIDIA_SMI_PROFILE=str(profile), LC_ALL="C")
 
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
-        return proc.returncode, proc.stdout, proc.stderr
+    def run(argv: list[str]):
+        proc = subprocess.run(argv, env=env, capture_output=True, timeout=30, check=False)
+        if raw:
+            return proc.returncode, proc.stdout, proc.stderr
+        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
 
     return run
 
 
-def facts_from_profile(path: str | os.PathLike) -> dict:
+def facts_from_profile(path: str | os.PathLike, require_healthy: str = "none") -> dict:
     """gpu_facts for a profile, as the module would publish them (no devices -> count 0)."""
     try:
-        return nvidia_smi.collect(standin_runner(path), str(STANDIN))
+        return nvidia_smi.collect(standin_runner(path, raw=True), str(STANDIN), require_healthy)
     except nvidia_smi.NoDevicesError:
         return nvidia_smi.empty_facts()

@@ -101,11 +101,44 @@ def test_nvml_failure_fails_with_nvidia_smi_words(tmp_path):
     assert "ansible_facts" not in result or "gpu_facts" not in result.get("ansible_facts", {})
 
 
-def test_gpu_error_fails_and_reports_the_sick_gpu(tmp_path):
-    result = gpu_facts(
-        f"nvidia_smi={STANDIN}", variant(tmp_path, "jtkj003-8x-a100-sxm4-nvswitch", failure="gpu-error:6")
-    )
+def test_gpu_error_gives_facts_and_fails_only_when_asked(tmp_path):
+    profile = variant(tmp_path, "jtkj003-8x-a100-sxm4-nvswitch", failure="gpu-error:6")
+    result = gpu_facts(f"nvidia_smi={STANDIN}", profile)
+    assert not result.get("failed"), result.get("msg")
+    facts = result["ansible_facts"]["gpu_facts"]
+    assert [g["index"] for g in facts["gpus"] if not g["healthy"]] == [6]
+    assert facts["gpus"][6]["error"] == "memory.used: [Unknown Error]; memory.free: [Unknown Error]"
+    assert any("GPU 6 (00000000:B7:00.0) is not healthy" in w for w in result.get("warnings", []))
+    assert gpu_facts(f"nvidia_smi={STANDIN} require_healthy=any", profile).get("failed") is not True
+    result = gpu_facts(f"nvidia_smi={STANDIN} require_healthy=all", profile)
     assert result["failed"]
     assert "GPU 6 (00000000:B7:00.0): memory.used: [Unknown Error]" in result["msg"]
     sick = [g["index"] for g in result["gpu_facts"]["gpus"] if not g["healthy"]]
     assert sick == [6]
+
+
+@pytest.mark.parametrize("failure", ["gpu-unknown:3", "gpu-reset:3", "gpu-na:3", "gpu-lost:3"])
+def test_dead_gpu_among_eight_through_the_module(tmp_path, failure):
+    result = gpu_facts(f"nvidia_smi={STANDIN}", variant(tmp_path, "seed-8x-v100-sxm2-cubemesh", failure=failure))
+    assert not result.get("failed"), result.get("msg")
+    facts = result["ansible_facts"]["gpu_facts"]
+    assert facts["count"] == 8
+    assert [g["healthy"] for g in facts["gpus"]] == [True] * 3 + [False] + [True] * 4
+
+
+def test_nonutf8_byte_in_nvidia_smi_output(tmp_path):
+    """A non-UTF-8 byte (Latin-1 output) must not replace the result with Ansible's UTF-8 error."""
+    profile = json.loads((PROFILES_DIR / "seed-2x-v100-pcie16.json").read_text())
+    profile["gpus"][0]["name"] = "Tesla V100-PCIE-16GB \u00e9dition"
+    profile.update(output_encoding="latin-1", crlf=True)
+    path = tmp_path / "latin1.json"
+    path.write_text(json.dumps(profile))
+    result = gpu_facts(f"nvidia_smi={STANDIN}", str(path))
+    assert not result.get("failed"), result.get("msg")
+    assert result["ansible_facts"]["gpu_facts"]["gpus"][0]["name"] == "Tesla V100-PCIE-16GB \ufffddition"
+    # a failure's message and output are clean too
+    profile["failure"] = "gpu-error:0"
+    path.write_text(json.dumps(profile))
+    failed = gpu_facts(f"nvidia_smi={STANDIN} require_healthy=all", str(path))
+    assert failed["failed"] and "\n" not in failed["msg"]
+    assert "\ufffd" in failed["nvidia_smi_output"]

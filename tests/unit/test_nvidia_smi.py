@@ -584,13 +584,177 @@ def test_standin_failures_through_collect(tmp_path):
         facts_from_profile(variant(tmp_path, "uts-2x-v100-pcie32", failure="no-driver"))
     none = facts_from_profile(variant(tmp_path, "uts-2x-v100-pcie32", failure="no-devices"))
     assert none == ns.empty_facts()
+    # a sick GPU is an entry with healthy: false; the facts come back unless asked to fail
+    path = variant(tmp_path, "noderecord-8x-h200-nvswitch", failure="gpu-error:3")
+    facts = facts_from_profile(path)
+    assert [g["healthy"] for g in facts["gpus"]] == [True] * 3 + [False] + [True] * 4
+    assert facts["gpus"][3]["error"] == "memory.used: [Unknown Error]; memory.free: [Unknown Error]"
+    assert len(facts["topology"]["matrix"]) == 8 and facts["cuda_driver_version"]
+    assert facts_from_profile(path, "any") == facts
     with pytest.raises(GpuError) as e:
-        facts_from_profile(variant(tmp_path, "noderecord-8x-h200-nvswitch", failure="gpu-error:3"))
+        facts_from_profile(path, "all")
     assert "GPU 3 (00000000:5D:00.0): memory.used: [Unknown Error]" in str(e.value)
     assert [g["healthy"] for g in e.value.facts["gpus"]] == [True] * 3 + [False] + [True] * 4
-    with pytest.raises(GpuError, match="GPU is lost") as e:
-        facts_from_profile(variant(tmp_path, "cn5900x-2x-rtx3090-nvlink-busy", failure="gpu-lost:1"))
-    assert e.value.facts["gpus"][1]["pci_bus_id"] == "00000000:0A:00.0"
+    # a lost GPU: nvidia-smi prints only the device-handle line for the table and topo -m
+    lost = facts_from_profile(variant(tmp_path, "cn5900x-2x-rtx3090-nvlink-busy", failure="gpu-lost:1"))
+    assert lost["gpus"][1]["pci_bus_id"] == "00000000:0A:00.0" and "GPU is lost" in lost["gpus"][1]["error"]
+    assert lost["gpus"][0]["healthy"] and lost["gpus"][0]["memory_free_mib"] is not None
+    assert lost["topology"]["matrix"] == [] and "exited with code 15" in lost["topology"]["error"]
+    assert lost["cuda_driver_version"] is None
+    with pytest.raises(GpuError, match="GPU is lost"):
+        facts_from_profile(variant(tmp_path, "cn5900x-2x-rtx3090-nvlink-busy", failure="gpu-lost:1"), "all")
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        ("gpu-unknown:3", "Unable to determine the device handle for gpu 0000:0B:00.0: Unknown Error"),
+        ("gpu-reset:3", "uuid: [GPU requires reset]"),
+        ("gpu-na:3", "memory.total: [N/A]"),
+        ("gpu-error:3", "memory.used: [Unknown Error]"),
+    ],
+)
+def test_dead_gpu_among_eight_gives_facts_for_all(tmp_path, failure, words):
+    """Every dead/unusable form: GPU 3 becomes healthy: false with the reason, the others are read."""
+    path = variant(tmp_path, "seed-8x-v100-sxm2-cubemesh", failure=failure)
+    if failure == "gpu-na:3":  # [N/A] in memory.used/free: free memory unknown, total still read
+        words = "memory.free: [N/A]"
+    facts = facts_from_profile(path)
+    assert facts["count"] == 8
+    assert [g["index"] for g in facts["gpus"]] == list(range(8))
+    assert [g["healthy"] for g in facts["gpus"]] == [True] * 3 + [False] + [True] * 4
+    assert words in facts["gpus"][3]["error"] and "\n" not in facts["gpus"][3]["error"]
+    assert facts["gpus"][3]["pci_bus_id"] == "00000000:0B:00.0"
+    assert all(g["memory_free_mib"] == 16160 for g in facts["gpus"] if g["healthy"])
+    json.dumps(facts)
+    with pytest.raises(GpuError):
+        facts_from_profile(path, "all")
+
+
+def test_written_dead_gpu_shapes():
+    q = parse_query(read("written/deadgpu-8x-v100-sxm2-lowercase-handle.query.txt"))
+    assert [g["healthy"] for g in q["gpus"]] == [True] * 3 + [False] + [True] * 4
+    assert q["gpus"][3]["pci_bus_id"] == "00000000:0B:00.0" and q["gpus"][3]["index"] == 3
+    assert q["gpus"][3]["error"] == "Unable to determine the device handle for gpu 0000:0B:00.0: Unknown Error"
+    gpus = parse_list(read("written/deadgpu-8x-v100-sxm2-lowercase-handle.list.txt"))
+    assert [g["healthy"] for g in gpus] == [True] * 3 + [False] + [True] * 4
+    with pytest.raises(ParseError) as e:  # only the device-handle line: no table to read
+        parse_table(read("written/deadgpu-8x-v100-sxm2-lowercase-handle.table.txt"))
+    assert len(str(e.value).splitlines()) == 1
+    reset = parse_query(read("written/reset-required-2x-v100-sxm2.query.txt"))
+    assert reset["gpus"][0]["healthy"] and reset["gpus"][0]["memory_free_mib"] == 16160
+    bad = reset["gpus"][1]
+    assert bad["healthy"] is False and bad["pci_bus_id"] == "00000000:07:00.0" and bad["index"] == 1
+    assert bad["error"].startswith("uuid: [GPU requires reset]; name: [GPU requires reset]")
+    assert bad["memory_total_mib"] is None and bad["name"] is None
+    mixed = parse_query(read("written/unknown-error-and-na-memory-4x-v100-sxm2.query.txt"))
+    assert [g["healthy"] for g in mixed["gpus"]] == [True, False, False, True]
+    assert mixed["gpus"][1]["error"] == "memory.used: [unknown error]; memory.free: [unknown error]"
+    assert mixed["gpus"][2]["error"] == "memory.total: [N/A]; memory.free: [N/A]"
+
+
+@pytest.mark.parametrize("case", ["GPU", "gpu", "Gpu", "GPU ", "gpu  "])
+@pytest.mark.parametrize(
+    "words", ["Unknown Error", "unknown error", "GPU is lost.  Reboot the system", "GPU requires reset"]
+)
+def test_device_handle_lines_in_any_case(case, words):
+    line = f"Unable to determine the device handle for {case}0000:5E:00.0: {words}"
+    for text in (line, line.upper(), line.lower()):
+        q = parse_query("\n".join([ROW0, text, ROW1.replace("1, GPU-bbbb", "2, GPU-cccc")]))
+        assert [g["healthy"] for g in q["gpus"]] == [True, False, True]
+        assert q["gpus"][1]["pci_bus_id"] == "00000000:5E:00.0"
+        gpus = parse_list(f"GPU 0: Tesla V100 (UUID: GPU-a)\n{text}\n")
+        assert [g["healthy"] for g in gpus] == [True, False]
+
+
+@pytest.mark.parametrize("words", ["[Unknown Error]", "[unknown error]", "[GPU REQUIRES RESET]", "[gpu is lost]"])
+def test_bracketed_error_words_any_case(words):
+    q = parse_query(ROW0.replace(", 4,", f", {words},"))
+    assert q["gpus"][0]["healthy"] is False and q["gpus"][0]["error"] == f"memory.used: {words}"
+
+
+# ---------------------------------------------------------------- any bytes: facts or one line
+
+
+def _variants(text: str) -> dict:
+    """The same output as it reaches us in practice: CRLF, tabs as spaces, ANSI codes with or without ESC."""
+    lines = text.splitlines()
+    return {
+        "crlf": text.replace("\n", "\r\n"),
+        "spaces": "\n".join(ln.expandtabs(8) for ln in lines) + "\n",
+        "ansi-esc": "\n".join(f"\x1b[1m{ln}\x1b[0m" if ln.strip() else ln for ln in lines) + "\n",
+        "ansi-noesc": "\n".join(f"[4m{ln}[0m" if ln.strip() else ln for ln in lines) + "\n",
+        "caret-esc": "\n".join(f"^[[4m{ln}^[[0m" if ln.strip() else ln for ln in lines) + "\n",
+    }
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+@pytest.mark.parametrize("how", ["crlf", "spaces", "ansi-esc", "ansi-noesc", "caret-esc"])
+def test_every_capture_survives_transport(name, how):
+    """CRLF, spaces for tabs and ANSI codes (with or without their ESC byte) change nothing."""
+    parser = {"topo": parse_topology, "query": parse_query, "list": parse_list}.get(kind_of(name), parse_table)
+    text = read(name)
+    if how == "spaces" and kind_of(name) in ("table", "mig", "list", "query"):
+        pytest.skip("no tabs in this kind")
+    assert parser(_variants(text)[how]) == parser(text)
+
+
+def test_written_transport_shapes():
+    uts = parse_topology(read("uts-2x-v100-pcie32.topo.txt"))
+    assert parse_topology(read("written/ansi-noesc-2x-v100-pcie32.topo.txt")) == uts
+    assert parse_topology((CAPTURE_DIR / "written/spaces-crlf-2x-v100-pcie32.topo.txt").read_bytes()) == uts
+    q = parse_query((CAPTURE_DIR / "written/nonutf8-name-crlf-2x-v100-sxm2.query.txt").read_bytes())
+    assert q["gpus"][0]["name"] == "Tesla V100-SXM2-16GB \ufffddition"
+    assert q["gpus"][1]["name"] == "Tesla V100-SXM2-16GB" and all(g["healthy"] for g in q["gpus"])
+    json.dumps(q).encode("utf-8")
+
+
+def test_decode_output_never_passes_raw_bytes():
+    assert ns.decode_output(b"caf\xe9\n") == "caf\ufffd\n"
+    assert ns.decode_output("caf\udce9") == "caf\ufffd"  # surrogateescape'd byte (Ansible's str decode)
+    assert ns.decode_output(None) == ""
+    ns.decode_output("caf\udce9").encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 5000,
+        "line one:\nline two..\n" * 300,
+        "[4m" + "garbage " * 200 + "[0m",
+        b"\xff\xfe garbage \x1b[31m red\x1b[0m " * 100,
+        "Failed to initialize NVML: Unknown Error\n" + "z" * 4000,
+    ],
+)
+def test_every_error_is_one_short_line_naming_the_command(text):
+    data = text if isinstance(text, bytes) else text.encode()
+
+    def run(argv):
+        return 0, data, b""
+
+    with pytest.raises(ns.NvidiaSmiError) as e:
+        ns.collect(run, "/usr/bin/nvidia-smi")
+    msg = str(e.value)
+    assert "\n" not in msg and "\r" not in msg
+    assert "`/usr/bin/nvidia-smi --query-gpu=... --format=...`" in msg
+    assert len(msg) < 200 + 400, msg
+    quoted = re.findall(r'"([^"]*)"', msg)
+    assert quoted and all(len(q) <= 200 for q in quoted)
+    assert not msg.endswith((":", ": ", "..")) or msg.endswith("...")
+    assert "\x1b" not in msg and "[4m" not in msg
+    msg.encode("utf-8")
+
+
+def test_nonutf8_and_crlf_through_standin(tmp_path):
+    profile = load("seed-2x-v100-pcie16")
+    profile["gpus"][0]["name"] = "Tesla V100-PCIE-16GB \u00e9dition"
+    profile.update(output_encoding="latin-1", crlf=True)
+    path = tmp_path / "latin1.json"
+    path.write_text(json.dumps(profile))
+    facts = facts_from_profile(path)
+    assert facts["gpus"][0]["name"] == "Tesla V100-PCIE-16GB \ufffddition"
+    assert facts["topology"]["matrix"] == [["X", "SYS"], ["SYS", "X"]] and facts["cuda_driver_version"] == "12.2"
+    json.dumps(facts).encode("utf-8")
 
 
 def test_old_driver_without_compute_cap_field(tmp_path):

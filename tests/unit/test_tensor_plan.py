@@ -83,8 +83,11 @@ def dev(inst, key):
 def assert_consistent(inst, model):
     """Invariants every GPU instance must satisfy."""
     for d in inst["per_device"]:
-        cats = ("weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output", "compute", "reserve")
+        cats = ("weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output", "compute", "cuda_context", "reserve")
         assert d["total_mib"] == sum(d[f"{c}_mib"] for c in cats)
+        assert cats == tp.COUNTED
+        if d["compute_terms_mib"] is not None:  # the compute figure is the sum of its terms, rounded up
+            assert abs(sum(d["compute_terms_mib"].values()) - d["compute_mib"]) <= 1
         assert d["free_after_mib"] == d["free_before_mib"] - d["total_mib"] + d["reserve_mib"]
         assert d["fits"] == (d["total_mib"] <= d["free_before_mib"])
     assert inst["required_mib"] == sum(dev(inst, "total_mib"))
@@ -165,9 +168,16 @@ def test_1x_v100_16gb_refused_with_numbers(model):
     numbers = e.details["needed_vs_available"]
     assert numbers[0]["device"] == 0 and numbers[0]["available_mib"] == 16384
     assert numbers[0]["needed_mib"] > 16384
-    assert f"needs {numbers[0]['needed_mib']} MiB, has 16384 MiB free" in e.message
+    assert f"needs {numbers[0]['needed_mib']} MiB (weights " in e.message and "has 16384 MiB free" in e.message
+    counted = numbers[0]["counted_mib"]
+    assert sum(counted.values()) == numbers[0]["needed_mib"]
+    assert counted["cuda_context"] == tp.DEFAULT_CUDA_CONTEXT_MIB and counted["reserve"] == 1024
     # weights alone do not fit: no context and no cache type helps
-    assert e.details["suggestions"] == {"max_context": None, "cache_types": []}
+    sugg = e.details["suggestions"]
+    assert (sugg["max_context"], sugg["cache_types"]) == (None, [])
+    checked = sugg["checked_cache_types"]
+    assert [c["cache_type"] for c in checked] == list(tp.FALLBACK_CACHE_TYPES)  # every cheaper type was tried
+    assert all(not c["fits"] and c["short_mib"] > 0 for c in checked)
     assert "smaller quantization" in e.message
 
 
@@ -191,6 +201,17 @@ def test_2x_v100_16gb_262k_f16_refused_with_suggestions(model):
     if "q8_0" not in sugg["cache_types"]:
         with pytest.raises(PlanError):
             plan(f, model, context=262144, cache_type_k="q8_0", cache_type_v="q8_0")
+    # every cheaper cache type was checked, q8_0 first; the ones that do not fit are named with the shortfall
+    checked = {c["cache_type"]: c for c in sugg["checked_cache_types"]}
+    assert list(checked) == list(tp.FALLBACK_CACHE_TYPES)
+    assert sugg["cache_types"] == [t for t, c in checked.items() if c["fits"]]
+    for t, c in checked.items():
+        if not c["fits"]:
+            assert c["short_mib"] > 0 and f"{t} (short by {c['short_mib']} MiB" in e.message
+    # with the calibrated estimate, q8_0 misses on 2x 16 GB only because of the CUDA-only terms: the
+    # F16 K/V copy (1 GiB per GPU) and the 4 pipeline copies of each context's KQ mask
+    assert not checked["q8_0"]["fits"] and checked["q8_0"]["short_mib"] < 1024
+    assert checked["q5_1"]["fits"] and checked["q4_0"]["fits"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -383,24 +404,33 @@ def test_mtp_off_drops_mtp_costs(model, model_no_mtp):
 
 
 def test_compute_estimate_terms(model):
+    """Each term of the estimate follows the llama.cpp source it cites."""
     m = tp.ModelSpec(model)
     s = tp.Settings(m, 262144, cache_type_k="q4_0", cache_type_v="q4_0")
-    base = tp.estimate_compute_bytes(
-        m, s, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=False
-    )
-    piped = tp.estimate_compute_bytes(
-        m, s, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=True
-    )
-    mask = 262144 * 512 * 2
-    assert piped - base == 3 * mask  # four copies of the KQ mask instead of one
-    f16 = tp.Settings(m, 262144)
-    base16 = tp.estimate_compute_bytes(
-        m, f16, has_kv=True, has_output=False, has_mtp=False, receives_hidden=False, pipeline=False
-    )
-    assert base - base16 == 2 * 262144 * 1024 * 2  # F16 copies of the q4_0 K and V
+    flags = {"has_kv": True, "has_output": False, "has_mtp": False}
+    base = tp.estimate_compute_terms(m, s, pipeline=False, **flags)
+    piped = tp.estimate_compute_terms(m, s, pipeline=True, **flags)
+    mask = 262144 * 512 * 2  # F16 n_ctx_seq x n_ubatch (src/llama-graph.cpp:982)
+    hidden = 512 * 5120 * 4
+    assert (base["kq_mask"], base["inputs"]) == (mask, hidden)
+    # a layer split pipelines: 4 copies of every split input (ggml-backend.cpp:1379-1387, 1563-1590)
+    assert (piped["kq_mask"], piped["inputs"]) == (4 * mask, 4 * hidden)
+    assert piped["activations"] == base["activations"] > 0
+    # CUDA's batch flash-attention kernels read F16: one layer's K and V of all cells (fattn.cu:722-756)
+    assert base["kv_f16"] == 2 * 262144 * 1024 * 2
+    assert tp.estimate_compute_terms(m, tp.Settings(m, 262144), pipeline=False, **flags)["kv_f16"] == 0
+    # the CPU backend has neither copies nor the F16 conversion
+    cpu = tp.estimate_compute_terms(m, s, pipeline=True, backend="cpu", **flags)
+    assert (cpu["kq_mask"], cpu["inputs"], cpu["kv_f16"]) == (mask, 0, 0)
+    # the MTP device also holds the draft context: its own mask copies, inputs and logits
+    mtp = tp.estimate_compute_terms(m, s, pipeline=True, has_kv=True, has_output=True, has_mtp=True)
+    assert mtp["mtp_kq_mask"] == 4 * mask and mtp["mtp_inputs"] == 8 * hidden and mtp["mtp_kv_f16"] == 0
+    assert mtp["logits"] == mtp["mtp_logits"] == 3 * 248320 * 4  # parallel x (1 + draft_n_max 2) outputs
+    assert tp.estimate_compute_bytes(m, s, pipeline=True, **flags) == sum(piped.values())
     # a flat value replaces the estimate on every device
     p = plan(facts("seed-1x-rtx4090"), model, context=32768, compute_buffer_mib=700)
     assert p["instances"][0]["per_device"][0]["compute_mib"] == 700
+    assert p["instances"][0]["per_device"][0]["compute_terms_mib"] is None
     assert p["settings"]["compute_estimated"] is False
 
 
@@ -512,10 +542,48 @@ def test_prefers_one_numa_node_then_free_memory(model):
 
 
 def test_link_rank_order():
-    order = ["NV18", "PIX", "PXB", "PHB", "NODE", "SYS", "???"]
+    """NV<n> is n bonded NVLinks: more is faster; every NV# beats every PCIe path."""
+    order = ["NV18", "NV12", "NV4", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS", "???"]
     ranks = [tp._link_rank(c) for c in order]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
-    assert tp._link_rank("NV4") == tp._link_rank("NV12")
+    assert tp._link_rank("SOC") == tp._link_rank("SYS") and tp._link_rank("nv2") == tp._link_rank("NV2")
+    assert tp._link_rank(None) == tp._link_rank("X?") > tp._link_rank("SYS")
+    assert [tp.nvlink_count(c) for c in ("NV18", "NV1", "PIX", "NV", None)] == [18, 1, 0, 0, 0]
+
+
+def test_cube_mesh_2_gpu_instance_takes_an_nv2_pair(model):
+    """8x V100 SXM2 hybrid cube mesh: GPUs 0,1 are joined by NV1; a 2-GPU instance must take an NV2 pair
+    (on one NUMA node), and replicas take the NV2 pairs before any NV1 pair."""
+    f = facts("seed-8x-v100-sxm2-cubemesh")
+    m = f["topology"]["matrix"]
+    assert m[0][1] == "NV1" and m[0][3] == "NV2" and f["topology"]["nvlink_groups"] == [list(range(8))]
+    args = {"context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}
+    p = plan(f, model, **args)
+    inst = p["instances"][0]
+    assert len(inst["devices"]) == 2
+    a, b = inst["devices"]
+    assert m[a][b] == "NV2" and inst["devices"] == [0, 3]  # NV2, both on NUMA node 0, lowest indices
+    assert any("worst link NV2" in line for line in p["explanation"])
+    p = plan(f, model, replicas="auto", **args)
+    pairs = [i["devices"] for i in p["instances"]]
+    assert pairs == [[0, 3], [1, 2], [4, 7], [5, 6]]
+    assert all(m[x][y] == "NV2" for x, y in pairs)
+
+
+def test_equal_worst_link_more_total_nvlinks_wins():
+    """Two 3-GPU sets whose worst link is NV1: the one with more bonded links in total ranks first."""
+    gpus = [{"index": i, "numa_node": 0, "memory_free_mib": 16384} for i in range(6)]
+    m = [["X" if i == j else "SYS" for j in range(6)] for i in range(6)]
+
+    def link(i, j, code):
+        m[i][j] = m[j][i] = code
+
+    link(0, 1, "NV1"), link(0, 2, "NV1"), link(1, 2, "NV1")  # 3 links
+    link(3, 4, "NV1"), link(3, 5, "NV2"), link(4, 5, "NV4")  # 7 links
+    low, _ = tp._group_key(gpus[:3], m)
+    high, worst = tp._group_key(gpus[3:], m)
+    assert worst == "NV1" and high < low
+    assert [g for _, g, _ in tp._candidate_groups(gpus, 3, m)][0] == gpus[3:]
 
 
 def test_replicas_exact_uses_disjoint_pairs(model):
@@ -576,3 +644,61 @@ def test_default_context_is_the_training_context(model):
 def test_empty_devices_list_is_an_error(model):
     with pytest.raises(PlanError, match="devices is an empty list"):
         plan(facts("seed-1x-rtx4090"), model, context=32768, devices=[])
+
+
+@pytest.mark.parametrize("failure", ["gpu-error:3", "gpu-unknown:3", "gpu-reset:3", "gpu-na:3"])
+def test_dead_gpu_is_skipped_with_a_note_and_the_rest_planned(model, tmp_path, failure):
+    """A host with 1 dead GPU of 8 still gets a plan on the other 7, and the explanation says why."""
+    import json
+
+    profile = json.loads(profile_path("seed-8x-v100-sxm2-cubemesh").read_text())
+    profile["failure"] = failure
+    path = tmp_path / "dead.json"
+    path.write_text(json.dumps(profile))
+    f = facts_from_profile(path)
+    p = plan(f, model, context=262144, cache_type_k="q4_0", cache_type_v="q4_0", replicas="auto")
+    assert [sk["index"] for sk in p["skipped"]] == [3]
+    assert any(line.startswith("Skipped GPU 3: not healthy") for line in p["explanation"])
+    used = [d for inst in p["instances"] for d in inst["devices"]]
+    assert 3 not in used and len(p["instances"]) == 3
+    if f["topology"]["matrix"]:  # the fields were unreadable, the topology was not: NV2 pairs only
+        assert [i["devices"] for i in p["instances"]] == [[1, 2], [4, 7], [5, 6]]
+    else:  # nvidia-smi topo -m printed only the device-handle line
+        assert any(line.startswith("GPU links unknown") for line in p["explanation"])
+
+
+# ------------------------------------------------------------------------------------------------
+# calibration: llama.cpp's own buffer sizes (CPU backend) at 7 points, tests/gpu/calibrate_compute.py
+
+
+def _calibration():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "results" / "cpu-2026-12-01" / "calibration.json"
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("record", _calibration(), ids=lambda r: r["point"])
+def test_calibration_points_measured_on_llama_cpp(model, record):
+    """At every measured point: KV, recurrent state and MTP KV are exact; the compute estimate (CPU terms)
+    is never below what llama.cpp allocated and at most 35 % above it (the margin and the MTP context's
+    short-context peak); the CUDA plan adds only the source-derived CUDA terms on top."""
+    st = record["settings"]
+    m = tp.ModelSpec(model)
+    s = tp.Settings(m, st["context"], cache_type_k=st["cache_type"], cache_type_v=st["cache_type"],
+                    parallel=st["parallel"], mtp=True, draft_n_max=st["draft_n_max"])  # fmt: skip
+    target, mtp = record["contexts"]
+    costs = tp.layer_costs(m, s)
+    assert -(-sum(c["kv"] for c in costs) // MIB) == target["KV"]["CPU"]
+    assert abs(sum(c["recurrent"] for c in costs) / MIB - target["RS"]["CPU"]) < 0.01
+    assert sum(c["mtp_kv"] for c in costs) / MIB == mtp["KV"]["CPU"]
+    flags = {"has_kv": True, "has_output": True, "has_mtp": True, "pipeline": False}
+    cpu = tp.estimate_compute_terms(m, s, backend="cpu", **flags)
+    planned_target = sum(v for k, v in cpu.items() if not k.startswith("mtp_")) / MIB
+    planned_mtp = sum(v for k, v in cpu.items() if k.startswith("mtp_")) / MIB
+    for planned, measured in ((planned_target, target["compute"]["CPU"]), (planned_mtp, mtp["compute"]["CPU"])):
+        assert measured <= planned <= 1.35 * measured, (planned, measured)
+    cuda = tp.estimate_compute_terms(m, s, backend="cuda", **flags)
+    extra = {k: cuda[k] - cpu[k] for k in cuda if cuda[k] != cpu[k]}
+    assert set(extra) <= {"inputs", "kv_f16", "mtp_inputs", "mtp_kv_f16"}

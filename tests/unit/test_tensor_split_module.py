@@ -50,6 +50,39 @@ def test_module_refuses_with_numbers(inputs):
     assert [n["available_mib"] for n in err["needed_vs_available"]] == [16384, 16384]
     assert "q4_0" in err["suggestions"]["cache_types"]
     assert err["suggestions"]["max_context"] % 256 == 0
+    # what was counted per GPU, in the result and in the message
+    for n in err["needed_vs_available"]:
+        assert sum(n["counted_mib"].values()) == n["needed_mib"]
+        assert set(n["counted_mib"]) == {"weights", "kv", "recurrent", "mtp_weights", "mtp_kv", "output", "compute",
+                                         "cuda_context", "reserve"}  # fmt: skip
+        assert n["compute_terms_mib"]["kq_mask"] > 0
+        assert f"needs {n['needed_mib']} MiB (weights {n['counted_mib']['weights']} + KV" in result["msg"]
+    assert "q8_0" in [c["cache_type"] for c in err["suggestions"]["checked_cache_types"]]
+
+
+def test_module_reports_what_it_counted_per_gpu(inputs):
+    result = run_module(
+        "tensor_split",
+        {**inputs, "context": 262144, "cache_type_k": "q4_0", "cache_type_v": "q4_0", "cuda_context_mib": 300},
+        check_mode=True,
+    )
+    plan = result["plan"]
+    assert plan["settings"]["cuda_context_mib"] == 300
+    for d in plan["instances"][0]["per_device"]:
+        assert d["cuda_context_mib"] == 300 and d["compute_terms_mib"]["kv_f16"] == 1024.0
+        counted = (
+            "weights",
+            "kv",
+            "recurrent",
+            "mtp_weights",
+            "mtp_kv",
+            "output",
+            "compute",
+            "cuda_context",
+            "reserve",
+        )
+        assert d["total_mib"] == sum(d[f"{c}_mib"] for c in counted)
+    assert any("CUDA context (300 MiB)" in line for line in plan["explanation"])
 
 
 def test_module_rejects_bad_replicas(inputs):
