@@ -463,7 +463,7 @@ def fetch(
     for e, _res in todo:
         part = partial_path(os.path.join(dest, e["name"]))
         partial_have[e["name"]] = os.path.getsize(part) if os.path.exists(part) else 0
-    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _ in todo)
+    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _dummy in todo)
     probe = dest if os.path.isdir(dest) else os.path.dirname(dest.rstrip("/")) or "/"
     while not os.path.isdir(probe):
         probe = os.path.dirname(probe) or "/"

@@ -24,7 +24,7 @@ description:
     header of Hub requests, dropped for CDN redirects) and never put in an environment variable, a file or an
     argument list.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   repo:
     description: Repo id, C(owner/name).
@@ -103,8 +103,11 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Resolves and checks the files against the Hub's metadata and reports C(would_download) for the
+      ones it would fetch; downloads, moves and writes nothing.
   diff_mode:
     support: none
+    description: Files are binary model weights; there is nothing to diff.
 notes:
   - Fails with a message that says which of these it is, and what to do - 401 gated without token, 403 gated with
     a token not authorized, 401 invalid token, 404 repository, 404 revision, 404 file, not enough disk space,
@@ -252,10 +255,10 @@ def main() -> None:
         module.fail_json(msg=str(e), kind="verify", changed=False)
     except OSError as e:
         module.fail_json(msg=f"{p['repo']} -> {p['dest']}: {e}", kind="os", changed=False)
-    changed = result.pop("changed")
     for f in result["files"]:
         f["model"] = p["model"]
-    module.exit_json(changed=changed, client_version=version, **result)
+    result["client_version"] = version
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

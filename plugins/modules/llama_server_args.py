@@ -22,7 +22,7 @@ description:
     and passed with C(--api-key-file), never in argv).
   - The pure logic is plugins/module_utils/llama_server_args.py.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   instances:
     description:
@@ -343,7 +343,7 @@ def _unreadable(paths: list[str], user: str) -> list[str]:
 
 
 def main() -> None:
-    suboptions = {k: {kk: vv for kk, vv in v.items()} for k, v in FIELDS.items()}
+    suboptions = {k: dict(v) for k, v in FIELDS.items()}
     module = AnsibleModule(
         argument_spec={
             "instances": {"type": "list", "elements": "dict", "required": True, "options": suboptions},

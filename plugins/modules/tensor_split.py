@@ -30,7 +30,7 @@ description:
     cache types (C(q8_0), C(q4_0)) that fit the requested context.
   - Compute buffers are an estimate unless O(compute_buffer_mib) is given; see that option.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   gpu_facts:
     description:
