@@ -2,7 +2,8 @@
 # The test command (README). Lanes:
 #   scripts/run-tests.sh          full lane: fast lane + harness (images, llama.cpp mirror and one
 #                                 shared CPU build per ref) + integration tests + every molecule scenario
-#   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, unit tests
+#   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, unit tests,
+#                                 ansible-test sanity on the built artifact (scripts/sanity.sh)
 # Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stages; LLAMA_MTP_CACHE moves the caches.
 # Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
 # the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
@@ -39,6 +40,7 @@ stage yamllint yamllint -s .
 stage ansible-lint ansible-lint --offline -q
 stage ruff bash -c 'ruff check . && ruff format --check .'
 stage unit pytest -q -m "not slow" tests/unit
+stage sanity bash scripts/sanity.sh
 [ "$lane" = fast ] && exit 0
 
 stage images bash scripts/sandbox.sh images
