@@ -235,7 +235,7 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
                 f"`nvidia-smi --query-gpu`, found {len(cells)}",
                 line,
             )
-        row = dict(zip(columns, cells, strict=False))  # extra trailing cells are ignored
+        row = dict(zip(columns, cells))  # extra trailing cells are ignored
         gpu = _blank_gpu(None)
         if "index" in row:
             if not row["index"].isdigit():
@@ -323,7 +323,7 @@ def parse_topology(text: str) -> dict:
         if row[i] != "X":
             raise ParseError(f"GPU{i} is not 'X' to itself in `nvidia-smi topo -m`", " ".join(links))
         matrix.append(row)
-        values = dict(zip(trailing, rest, strict=False))
+        values = dict(zip(trailing, rest))
         cpu = values.get("CPU_Affinity")
         numa = values.get("NUMA_Affinity")
         affinity.append(
@@ -513,7 +513,7 @@ def build_facts(query: dict, topology: dict | None, table: dict | None) -> dict:
                 repr(topology["columns"]),
             )
         matrix, groups = topology["matrix"], topology["nvlink_groups"]
-        for gpu, aff in zip(gpus, topology["affinity"], strict=True):
+        for gpu, aff in zip(gpus, topology["affinity"]):  # same length: checked above, one affinity per matrix row
             gpu.update(aff)
     table = table or {}
     return {

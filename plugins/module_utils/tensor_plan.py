@@ -929,7 +929,7 @@ def _explain_instance(model, inst, worst_code, n):
             f"-ts {inst['tensor_split_arg']}."
         )
         if inst["split_mode"] == "layer":
-            for lay, d in zip(inst["layers"], inst["per_device"], strict=True):
+            for lay, d in zip(inst["layers"], inst["per_device"]):  # one layer entry per device
                 extra = []
                 if lay["holds_mtp"]:
                     extra.append("MTP block")
