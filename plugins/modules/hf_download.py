@@ -113,7 +113,8 @@ notes:
     a token not authorized, 401 invalid token, 404 repository, 404 revision, 404 file, not enough disk space,
     sha256 mismatch (the download is deleted, an installed file is left untouched), interrupted transfer.
 requirements:
-  - huggingface_hub >= 2.0 on the Python that runs the module
+  - huggingface_hub 2.4 (2.4.0 is the version tested, the one the model_fetch role installs; Python 3.10+)
+    on the Python that runs the module; hf_xet is optional
 """
 
 EXAMPLES = r"""
@@ -156,7 +157,8 @@ files:
     - One entry per selected file - C(name), C(path), C(size), C(sha256) (expected and verified),
       C(sha256_origin) (C(pinned) or C(hub)), C(model) (the I(model) label), C(status) (C(ok), C(downloaded),
       C(missing) with resolve_only, C(would_download) in check mode), C(downloaded_bytes), C(resumed_from)
-      (bytes kept from a partial file).
+      (bytes kept from a partial file); for a downloaded file C(transfer) (C(xet) or C(http)) and, when an Xet
+      transfer failed and the file came over plain HTTP instead, C(xet_error).
   returned: success
   type: list
   elements: dict

@@ -354,3 +354,12 @@ def _hf_version() -> str:
     import huggingface_hub
 
     return huggingface_hub.__version__
+
+
+def test_the_huggingface_hub_the_role_installs_is_the_one_tested_here():
+    import yaml
+
+    defaults = yaml.safe_load((REPO_ROOT / "roles/model_fetch/defaults/main.yml").read_text())
+    role_pin = [p for p in defaults["model_fetch_hf_pip_packages"] if p.startswith("huggingface_hub")]
+    reqs = (REPO_ROOT / "requirements.txt").read_text().split()
+    assert role_pin == [f"huggingface_hub=={_hf_version()}"] and role_pin[0] in reqs
