@@ -2,7 +2,9 @@
 # The test command (README). Lanes:
 #   scripts/run-tests.sh          full lane: fast lane + harness (images, llama.cpp mirror and one
 #                                 shared CPU build per ref) + integration tests + every molecule scenario
-#   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, unit tests
+#   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, vermin, unit tests
+#                                 (and again under Python 3.8, the managed-host floor),
+#                                 ansible-test sanity on the built artifact (scripts/sanity.sh)
 # Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stages; LLAMA_MTP_CACHE moves the caches.
 # Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
 # the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
@@ -38,7 +40,11 @@ stage bootstrap source scripts/bootstrap.sh
 stage yamllint yamllint -s .
 stage ansible-lint ansible-lint --offline -q
 stage ruff bash -c 'ruff check . && ruff format --check .'
+# Host-side code stays runnable on Python 3.8 (library calls ruff does not know: zip(strict=), removeprefix...)
+stage vermin vermin -q -t=3.8- --violations --no-tips plugins/modules plugins/module_utils tests/stand-ins/nvidia-smi
 stage unit pytest -q -m "not slow" tests/unit
+stage unit-py38 bash scripts/unit-oldest-python.sh
+stage sanity bash scripts/sanity.sh
 [ "$lane" = fast ] && exit 0
 
 stage images bash scripts/sandbox.sh images

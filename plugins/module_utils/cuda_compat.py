@@ -318,7 +318,7 @@ def deb_version_compare(a: str, b: str) -> int:
         if ":" in v:
             e, v = v.split(":", 1)
             epoch = int(e) if e.isdigit() else 0
-        upstream, _, revision = v.rpartition("-") if "-" in v else (v, "", "")
+        upstream, _dummy, revision = v.rpartition("-") if "-" in v else (v, "", "")
         return epoch, upstream, revision
 
     ea, ua, ra = split(a)
@@ -336,7 +336,7 @@ def nvidia_repo_path(distribution: str, distribution_version: str, architecture:
     """(distro dir, arch dir) of NVIDIA's repository for this host; explicit overrides are validated."""
     dist_id = (distribution or "").strip().lower()
     major = str(distribution_version or "").strip()
-    key_version = major if dist_id == "ubuntu" else major.split(".")[0]
+    key_version = major if dist_id == "ubuntu" else major.split(".", maxsplit=1)[0]
     supported = sorted(set(NVIDIA_REPO_DISTROS.values()))
     if distro:
         if distro not in supported:
@@ -573,10 +573,8 @@ def plan(
     warnings: list[str] = []
     refusals: list[str] = []
     dist_id = (distribution or "").strip().lower()
-    dist_key = (
-        dist_id,
-        str(distribution_version or "") if dist_id == "ubuntu" else str(distribution_version or "").split(".")[0],
-    )
+    dist_version = str(distribution_version or "")
+    dist_key = (dist_id, dist_version if dist_id == "ubuntu" else dist_version.split(".", maxsplit=1)[0])
 
     result = {
         "host": host,

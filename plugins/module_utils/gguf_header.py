@@ -487,7 +487,7 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
         n_dims = r.unpack(r.u32, f"dimension count of tensor '{name}'")
         if n_dims > GGML_MAX_DIMS:
             raise r.fail(f"tensor '{name}' has {n_dims} dimensions, more than {GGML_MAX_DIMS}", doff)
-        dims = tuple(r.unpack(r.i64, f"dims of tensor '{name}'") for _ in range(n_dims))
+        dims = tuple(r.unpack(r.i64, f"dims of tensor '{name}'") for _dummy in range(n_dims))
         if any(d < 0 for d in dims):
             raise r.fail(f"tensor '{name}' has a negative dimension {dims}", doff)
         n_el = 1

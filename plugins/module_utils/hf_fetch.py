@@ -11,7 +11,11 @@ What the client does and what is added here (huggingface_hub 2.4.0):
   repo / revision / file and bad token answers come back as the client's typed errors and are turned into a
   message that says which (model_fetch.hub_error_message).
 * transfer: the client's ``http_get`` (or ``xet_get`` where the Hub serves the file from Xet and hf_xet is
-  installed). ``hf_hub_download`` itself does not resume across processes (its temp file is per process and
+  installed; if the Xet transfer fails - Xet storage out of reach behind a proxy that lets only the Hub
+  through, a mirror without Xet - the same file comes over plain HTTP, which the Hub still serves for Xet
+  files, and the result says so: ``transfer`` ``xet`` / ``http`` and ``xet_error``). Only names the
+  installed huggingface_hub exports are used (tests/unit/test_hf_fetch.py imports each one).
+  ``hf_hub_download`` itself does not resume across processes (its temp file is per process and
   deleted on failure), so the download goes to ``DIR/.NAME.partial`` (with ``.partial.json`` naming the repo,
   commit, size and ETag it belongs to); a later run passes the partial's length as ``resume_size`` and the
   client continues with ``Range: bytes=N-`` on a freshly resolved URL. A partial of another ETag/size is dropped.
@@ -291,10 +295,11 @@ def _download(entry: dict, part: str, *, repo: str, commit: str, token, rate_lim
     from huggingface_hub.errors import HfHubHTTPError
 
     used_xet = entry.get("xet") is not None and _xet_available()
-    try:
-        if used_xet:
-            from pathlib import Path
+    xet_error = None
+    if used_xet:
+        from pathlib import Path
 
+        try:
             # Xet reconstructs the file from content-addressed chunks; chunks already fetched by an interrupted
             # run are reused from the hf_xet chunk cache (HF_XET_CACHE) rather than by a byte offset.
             file_download.xet_get(
@@ -304,7 +309,16 @@ def _download(entry: dict, part: str, *, repo: str, commit: str, token, rate_lim
                 expected_size=size,
                 displayed_filename=entry["name"],
             )
-        elif offset < size:
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - any Xet failure: the plain HTTP download below decides
+            xet_error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            used_xet = False
+            if os.path.exists(part) and os.path.getsize(part) != offset:
+                os.unlink(part)  # hf_xet wrote into it: not a prefix the HTTP download can continue
+                offset = 0
+    try:
+        if not used_xet and offset < size:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
             with os.fdopen(fd, "r+b") as f:
                 f.seek(offset)
@@ -322,8 +336,11 @@ def _download(entry: dict, part: str, *, repo: str, commit: str, token, rate_lim
             "interrupted",
         ) from None
     if used_xet:
-        return {"bytes": size, "resumed_from": 0}
-    return {"bytes": size - offset, "resumed_from": offset}
+        return {"bytes": size, "resumed_from": 0, "transfer": "xet"}
+    got = {"bytes": size - offset, "resumed_from": offset, "transfer": "http"}
+    if xet_error:
+        got["xet_error"] = xet_error
+    return got
 
 
 class _Throttled:
@@ -346,9 +363,14 @@ class _Throttled:
 
 
 def _xet_available() -> bool:
-    from huggingface_hub.utils import is_xet_available
-
-    return is_xet_available() and not os.environ.get("HF_HUB_DISABLE_XET")
+    """hf_xet importable and Xet not disabled (HF_HUB_DISABLE_XET, set by ``xet: false``)."""
+    if os.environ.get("HF_HUB_DISABLE_XET", "").strip().lower() in ("1", "on", "yes", "true"):
+        return False
+    try:
+        import hf_xet  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _makedirs(path: str, owner, group, dir_mode) -> None:
@@ -463,7 +485,7 @@ def fetch(
     for e, _res in todo:
         part = partial_path(os.path.join(dest, e["name"]))
         partial_have[e["name"]] = os.path.getsize(part) if os.path.exists(part) else 0
-    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _ in todo)
+    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _dummy in todo)
     probe = dest if os.path.isdir(dest) else os.path.dirname(dest.rstrip("/")) or "/"
     while not os.path.isdir(probe):
         probe = os.path.dirname(probe) or "/"
@@ -511,5 +533,8 @@ def fetch(
         except VerifyError as err:
             raise HubError(str(err), "checksum") from None
         res.update(status="downloaded", downloaded_bytes=got["bytes"], resumed_from=got["resumed_from"])
+        res["transfer"] = got["transfer"]
+        if got.get("xet_error"):
+            res["xet_error"] = got["xet_error"]
         out["downloaded_bytes"] += got["bytes"]
     return out

@@ -84,7 +84,7 @@ def parse_version(text: str) -> dict:
     built_with = b.group(1).strip() if b else None
     compiler = target = None
     if built_with and " for " in built_with:
-        compiler, _, target = built_with.rpartition(" for ")
+        compiler, _dummy, target = built_with.rpartition(" for ")
     return {
         "version": version,
         "build_number": build,
@@ -255,7 +255,7 @@ def probe(run, binary: str, confirm: bool = True) -> dict:
     """
     out, err = _run_ok(run, [binary, *VERSION_ARGS], "version")
     caps = {"binary": binary, **parse_version(err + "\n" + out)}
-    out, _ = _run_ok(run, [binary, *HELP_ARGS], "help")
+    out, _dummy = _run_ok(run, [binary, *HELP_ARGS], "help")
     caps.update(parse_help(out))
     out, err = _run_ok(run, [binary, *LIST_DEVICES_ARGS], "device list")
     caps.update(parse_list_devices(err + "\n" + out))

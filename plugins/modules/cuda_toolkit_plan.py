@@ -11,7 +11,7 @@ module: cuda_toolkit_plan
 short_description: Plan the CUDA toolkit of a host and refuse incompatible toolkit, GPU and driver combinations
 version_added: "0.1.0"
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 description:
   - Reads what is on the host (C(nvcc --version) and C(nvcc --list-gpu-arch) under the install
     prefix, C(apt-cache policy) of the distribution's toolkit and of the running kernel's headers,
@@ -247,7 +247,7 @@ def main() -> None:
             },
             "nvidia_repo_distro": {"type": "str", "default": ""},
             "nvidia_repo_arch": {"type": "str", "default": ""},
-            "keyring_version": {"type": "str", "default": "1.1-1"},
+            "keyring_version": {"type": "str", "default": "1.1-1", "no_log": False},
             "distro_mirror": {"type": "str", "default": ""},
             "pci_devices_dir": {"type": "path", "default": "/sys/bus/pci/devices"},
         },
@@ -276,20 +276,20 @@ def main() -> None:
         if rc != 0:
             module.warn(f"{nvcc} --version failed (rc {rc}): {(err or out).strip()[:200]}")
         else:
-            rc, out, _ = run([nvcc, "--list-gpu-arch"])
+            rc, out, _dummy = run([nvcc, "--list-gpu-arch"])
             seen["arch_output"] = out if rc == 0 else None
         observed["nvcc"][prefix] = seen
 
     apt_cache = module.get_bin_path("apt-cache")
     if apt_cache and p["source"] == "distro":
-        rc, out, _ = run([apt_cache, "policy", "nvidia-cuda-toolkit"])
+        rc, out, _dummy = run([apt_cache, "policy", "nvidia-cuda-toolkit"])
         observed["distro_policy"] = out if rc == 0 else None
     if apt_cache and p["driver_manage"] and p["kernel"]:
-        rc, out, _ = run([apt_cache, "policy", f"linux-headers-{p['kernel']}"])
+        rc, out, _dummy = run([apt_cache, "policy", f"linux-headers-{p['kernel']}"])
         observed["headers_policy"] = out if rc == 0 else None
     dpkg_query = module.get_bin_path("dpkg-query")
     if dpkg_query and p["source"] == "nvidia":
-        rc, out, _ = run([dpkg_query, "-W", "-f=${Status} ${Version}", "cuda-keyring"])
+        rc, out, _dummy = run([dpkg_query, "-W", "-f=${Status} ${Version}", "cuda-keyring"])
         words = out.split() if rc == 0 else []
         observed["keyring_installed"] = words[-1] if len(words) == 4 and words[2] == "installed" else None
     if not (p["gpu_facts"] or {}).get("count"):

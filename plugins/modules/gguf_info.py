@@ -19,7 +19,7 @@ description:
     the bytes of every block, the embeddings and the output.
   - Read-only; never reports a change.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   path:
     description:

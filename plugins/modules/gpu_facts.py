@@ -30,7 +30,7 @@ description:
   - Drivers older than R510 do not know the C(compute_cap) query field; the query is then repeated
     without it and C(compute_capability) is null.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   nvidia_smi:
     description:

@@ -24,7 +24,7 @@ description:
     header of Hub requests, dropped for CDN redirects) and never put in an environment variable, a file or an
     argument list.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   repo:
     description: Repo id, C(owner/name).
@@ -103,14 +103,18 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Resolves and checks the files against the Hub's metadata and reports C(would_download) for the
+      ones it would fetch; downloads, moves and writes nothing.
   diff_mode:
     support: none
+    description: Files are binary model weights; there is nothing to diff.
 notes:
   - Fails with a message that says which of these it is, and what to do - 401 gated without token, 403 gated with
     a token not authorized, 401 invalid token, 404 repository, 404 revision, 404 file, not enough disk space,
     sha256 mismatch (the download is deleted, an installed file is left untouched), interrupted transfer.
 requirements:
-  - huggingface_hub >= 2.0 on the Python that runs the module
+  - huggingface_hub 2.4 (2.4.0 is the version tested, the one the model_fetch role installs; Python 3.10+)
+    on the Python that runs the module; hf_xet is optional
 """
 
 EXAMPLES = r"""
@@ -153,7 +157,8 @@ files:
     - One entry per selected file - C(name), C(path), C(size), C(sha256) (expected and verified),
       C(sha256_origin) (C(pinned) or C(hub)), C(model) (the I(model) label), C(status) (C(ok), C(downloaded),
       C(missing) with resolve_only, C(would_download) in check mode), C(downloaded_bytes), C(resumed_from)
-      (bytes kept from a partial file).
+      (bytes kept from a partial file); for a downloaded file C(transfer) (C(xet) or C(http)) and, when an Xet
+      transfer failed and the file came over plain HTTP instead, C(xet_error).
   returned: success
   type: list
   elements: dict
@@ -252,10 +257,10 @@ def main() -> None:
         module.fail_json(msg=str(e), kind="verify", changed=False)
     except OSError as e:
         module.fail_json(msg=f"{p['repo']} -> {p['dest']}: {e}", kind="os", changed=False)
-    changed = result.pop("changed")
     for f in result["files"]:
         f["model"] = p["model"]
-    module.exit_json(changed=changed, client_version=version, **result)
+    result["client_version"] = version
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

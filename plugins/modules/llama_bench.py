@@ -11,7 +11,7 @@ module: llama_bench
 short_description: Measure tokens/s and MTP draft acceptance of a running llama-server
 version_added: "0.1.0"
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 description:
   - Sends the same prompts to a running llama-server's C(/completion) endpoint O(runs) times and
     reports the median decode speed from the answers' C(timings.predicted_per_second).
@@ -65,6 +65,7 @@ attributes:
     description: Sends requests only; the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing on the host; there is nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -184,10 +185,10 @@ def main():
         return parse_metrics(text)
 
     try:
-        for _ in range(p["warmup"]):
+        for _dummy in range(p["warmup"]):
             complete(p["prompts"][0])
         before = metrics()
-        samples = [completion_sample(complete(prompt)) for _ in range(p["runs"]) for prompt in p["prompts"]]
+        samples = [completion_sample(complete(prompt)) for _dummy in range(p["runs"]) for prompt in p["prompts"]]
         after = metrics()
         row = summarize(p["label"], p["draft_n_max"], samples, metrics_delta(before, after))
     except BenchError as e:

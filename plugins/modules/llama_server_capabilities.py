@@ -21,7 +21,7 @@ description:
   - Fails, quoting the first lines the binary printed, when it is missing or not executable, when
     a probe exits non-zero or runs past O(timeout), or when its output is not recognisable.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   binary:
     description:

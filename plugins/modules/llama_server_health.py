@@ -16,7 +16,7 @@ description:
     The failure message ends with the last O(journal_lines) lines of the unit's journal.
   - Never changes anything. The verdict logic is C(health_verdict) in plugins/module_utils/llama_server_args.py.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   unit:
     description: The systemd unit, e.g. C(llama-server@qwen.service).

@@ -11,7 +11,7 @@ module: llamacpp_build_plan
 short_description: Resolve a llama.cpp ref and compute the build key of this host
 version_added: "0.1.0"
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 description:
   - Resolves O(ref) (a tag, branch, full commit sha or pull request number) to a commit with
     C(git ls-remote), unless O(commit) is given.
@@ -204,10 +204,10 @@ def resolve(module, repo_url, ref):
 
 
 def compiler_identity(module):
-    rc, out, _ = module.run_command(["dpkg-query", "-W", "-f=${Version}", "g++"])
+    rc, out, _dummy = module.run_command(["dpkg-query", "-W", "-f=${Version}", "g++"])
     if rc == 0 and out.strip():
         return "g++=" + out.strip()
-    rc, out, _ = module.run_command(["apt-cache", "policy", "g++"])
+    rc, out, _dummy = module.run_command(["apt-cache", "policy", "g++"])
     m = re.search(r"Candidate:\s*(\S+)", out or "")
     if rc == 0 and m and m.group(1) != "(none)":
         return "g++=" + m.group(1)

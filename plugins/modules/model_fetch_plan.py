@@ -23,7 +23,7 @@ description:
     upstream, each file once.
   - Pure computation; never changes anything.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   models:
     description: Model items as given to the model_fetch role (C(model_fetch_models)).

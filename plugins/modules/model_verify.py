@@ -17,7 +17,7 @@ description:
     sidecar written. On a mismatch the temp file is deleted, I(path) is left untouched and the module fails.
   - Standard library only; runs on the hosts' system Python and on the controller.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   files:
     description:
@@ -55,8 +55,11 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Hashes and reports as usual, but writes no sidecar, sets no owner or mode and adopts no temp
+      file (those report C(would_adopt)).
   diff_mode:
     support: none
+    description: Files are binary model weights; there is nothing to diff.
 """
 
 EXAMPLES = r"""

@@ -35,7 +35,7 @@ description:
     requested context; the cheaper types that were checked and do not fit are named with their shortfall.
   - Compute buffers are an estimate unless O(compute_buffer_mib) is given; see that option.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   gpu_facts:
     description:

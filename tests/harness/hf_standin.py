@@ -22,6 +22,12 @@ Layout served::
                revision serves the same files (the stand-in does not keep history).
     lfs        [glob]  which files are LFS. Default: ``filter=lfs`` lines of the repo's .gitattributes, else the
                Hub's default LFS globs (plus *.gguf); any file >= 10 MiB is LFS in any case.
+    xet        bool   the repo's LFS files are Xet-backed, as most large repos on the Hub now are: their HEAD/GET on
+               ``resolve/`` also carries the headers the Hub sends for Xet files (huggingface_hub constants.py
+               HUGGINGFACE_HEADER_X_XET_HASH / _REFRESH_ROUTE / LINK_XET_AUTH_KEY): ``X-Xet-Hash``,
+               ``X-Xet-Refresh-Route`` and ``Link: <route>; rel="xet-auth"``; the plain GET still serves (or
+               redirects to) the bytes, as on the Hub. The stand-in has no Xet storage (CAS): the refresh route
+               (``/api/models/{org}/{repo}/xet-read-token/{rev}``) answers 501, so an hf_xet transfer fails there.
 
 Tokens: the server knows every token named in any repo config plus ``--token`` ones. As on the Hub, a request
 with an unknown ``Authorization: Bearer`` token gets 401 "Invalid credentials in Authorization header" (client:
@@ -83,7 +89,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 CONFIG_NAME = ".standin.json"
-CONFIG_KEYS = {"gated", "private", "token", "tokens", "revisions", "lfs"}
+CONFIG_KEYS = {"gated", "private", "token", "tokens", "revisions", "lfs", "xet"}
 # The Hub's default .gitattributes LFS globs, plus *.gguf (what GGUF repos add).
 DEFAULT_LFS_GLOBS = [
     "*.7z",
@@ -403,6 +409,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self._model_info(segs[2], segs[3], segs[5], token, query)
             if len(segs) >= 6 and segs[4] == "tree":
                 return self._tree(segs[2], segs[3], segs[5], "/".join(segs[6:]), token, query)
+            if len(segs) == 6 and segs[4] == "xet-read-token":
+                self.hub.repo(segs[2], segs[3], token, download=True)  # the same auth answers as a download
+                raise HubError(501, None, "hf_standin: no Xet storage (CAS) here; download over plain HTTP")
         elif len(segs) >= 5 and segs[2] == "resolve":
             return self._resolve(segs[0], segs[1], segs[3], "/".join(segs[4:]), self._token())
         elif len(segs) >= 5 and segs[0] == "_cdn" and self.hub.cdn_host:
@@ -486,6 +495,11 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             headers["ETag"] = f'"{e["blob_id"]}"'
+        if e["lfs"] and repo.config.get("xet"):
+            route = f"{self.server.endpoint}/api/models/{quote(org)}/{quote(name)}/xet-read-token/{commit}"
+            headers["X-Xet-Hash"] = hashlib.sha256(b"xet-merkle:" + e["sha256"].encode()).hexdigest()
+            headers["X-Xet-Refresh-Route"] = route
+            headers["Link"] = f'<{route}>; rel="xet-auth"'
         if e["lfs"] and self.hub.cdn_host:
             port = self.server.server_address[1]
             location = f"http://{self.hub.cdn_host}:{port}/_cdn/{quote(org)}/{quote(name)}/{commit}/{quote(rel)}"
@@ -632,7 +646,7 @@ def _load_config(repo_path: Path, root: Path) -> dict:
     unknown = set(config) - CONFIG_KEYS
     if unknown:
         raise bad(f"unknown keys {sorted(unknown)}; allowed: {sorted(CONFIG_KEYS)}")
-    for key in ("gated", "private"):
+    for key in ("gated", "private", "xet"):
         if key in config and not isinstance(config[key], bool):
             raise bad(f"{key!r} must be true or false")
     if "token" in config and not (isinstance(config["token"], str) and config["token"].strip()):

@@ -26,7 +26,11 @@ def test_build_and_install(tmp_path):
     for m in MODULES:
         assert f"plugins/modules/{m}.py" in names
     assert "site.yml" in names
-    assert not any(n.startswith((".venv", "collections/", ".git/", "tests/", "scripts/")) for n in names)
+    assert "LICENSE" in names
+    assert "tests/sanity/ignore-2.19.txt" in names  # ansible-test reads it on the artifact (scripts/sanity.sh)
+    dev = (".venv", "collections/", ".git/", "scripts/", "inventories/", "molecule/", "extensions/", ".cache")
+    assert not any(n.startswith(dev) for n in names), sorted(n for n in names if n.startswith(dev))
+    assert not [n for n in names if n.startswith("tests/") and not n.startswith("tests/sanity")]
 
     dest = tmp_path / "installed"
     cfg = tmp_path / "ansible.cfg"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils import cuda_compat as cc
-from ansible_run import PLAYBOOK, isolated_env, posix_json_result
-from nvsmi_profiles import REPO, facts_from_profile, profile_path
+from ansible_run import PLAYBOOK, run_playbook
+from nvsmi_profiles import facts_from_profile, profile_path
 
 # Real captures -------------------------------------------------------------------------------
 # nvcc 12.8 from conda's cuda-toolkit (a user's WSL session, copied verbatim).
@@ -512,15 +512,11 @@ def test_bad_inputs():
 
 def run_module(args: dict, tmp_path) -> dict:
     """Run the module once on localhost with ARGS (written into a one-task playbook); return its result."""
-    env = isolated_env("/usr/bin:/bin:/usr/sbin:/sbin")
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"llamafleet.mtp.cuda_toolkit_plan": args}]}]
     book = tmp_path / "plan.yml"
     book.write_text(json.dumps(play))
-    cmd = [str(PLAYBOOK), "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
-    proc = subprocess.run(
-        cmd + [str(book)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    return posix_json_result(proc, "ansible-playbook")
+    extra = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
+    return run_playbook(book, path="/usr/bin:/bin:/usr/sbin:/sbin", extra_args=extra)
 
 
 def module_args(version, gpu_facts, **kw):

@@ -3,34 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
-from ansible_run import ANSIBLE, isolated_env, needs_ansible, posix_json_result
-from nvsmi_profiles import PROFILES_DIR, REPO, STANDIN, facts_from_profile
+from ansible_run import needs_ansible, run_module
+from nvsmi_profiles import PROFILES_DIR, STANDIN, facts_from_profile
 
 pytestmark = needs_ansible
 
 
 def gpu_facts(args: str = "", profile: str | None = None, path: str = "/usr/bin:/bin", check: bool = False) -> dict:
-    """Run `ansible localhost -m llamafleet.mtp.gpu_facts -a ARGS`; return the host's result."""
-    env = isolated_env(path)
+    """Run `ansible localhost -m llamafleet.mtp.gpu_facts -a ARGS` with PATH=PATH; return the host's result."""
+    env = {}
     if profile:
         env["NVIDIA_SMI_PROFILE"] = str(PROFILES_DIR / f"{profile}.json") if "/" not in profile else profile
-    cmd = [
-        str(ANSIBLE),
-        "localhost",
-        "-i",
-        "localhost,",
-        "-c",
-        "local",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-    ]
-    cmd += ["-m", "llamafleet.mtp.gpu_facts", "-a", args] + (["--check"] if check else [])
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    return posix_json_result(proc)
+    extra = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
+    return run_module("gpu_facts", args, check_mode=check, extra_env=env, extra_args=extra, path=path)
 
 
 @pytest.mark.parametrize(

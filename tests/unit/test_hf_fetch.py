@@ -49,6 +49,7 @@ def hub(tmp_path_factory):
         "org/split": split.paths,
         "org/big": [big.path],
         "org/gated": [tiny.path],
+        "org/xet": [tiny.path],
     }
     for repo, paths in repos.items():
         d = root / repo
@@ -58,6 +59,7 @@ def hub(tmp_path_factory):
     (root / "org/tiny/README.md").write_text("# tiny\n")
     (root / "org/pinned/.standin.json").write_text(json.dumps({"revisions": {"main": COMMIT, "v1": COMMIT}}))
     (root / "org/gated/.standin.json").write_text(json.dumps({"gated": True, "token": GOOD}))
+    (root / "org/xet/.standin.json").write_text(json.dumps({"xet": True}))
     server, _ = hf_standin.serve(root, tokens=[OTHER])
     yield {"root": root, "endpoint": server.endpoint, "server": server, "big": big.path, "tiny": tiny.path}
     server.shutdown()
@@ -255,3 +257,109 @@ def test_environment_setup(monkeypatch):
     assert os.environ["HF_ENDPOINT"] == "http://mirror:8080"
     assert os.environ["HF_HUB_DISABLE_XET"] == "1" and os.environ["HF_HUB_DISABLE_IMPLICIT_TOKEN"] == "1"
     assert hf_fetch.client_version().startswith("2.")
+
+
+# -- Xet ---------------------------------------------------------------------------------------------------
+def _hf_xet_installed() -> bool:
+    try:
+        import hf_xet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_standin_serves_the_hubs_xet_headers_and_the_client_reads_them(hub):
+    import urllib.request
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = f"{hub['endpoint']}/org/xet/resolve/main/tiny-agree.gguf"
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD")) as r:
+        h = r.headers
+    route = h["X-Xet-Refresh-Route"]
+    assert len(h["X-Xet-Hash"]) == 64 and route.endswith("/xet-read-token/" + h["X-Repo-Commit"])
+    assert h["Link"] == f'<{route}>; rel="xet-auth"'
+    meta = get_hf_file_metadata(hf_hub_url("org/xet", "tiny-agree.gguf", endpoint=hub["endpoint"]))
+    assert meta.xet_file_data is not None and meta.xet_file_data.file_hash == h["X-Xet-Hash"]
+    plain = get_hf_file_metadata(hf_hub_url("org/tiny", "tiny-agree.gguf", endpoint=hub["endpoint"]))
+    assert plain.xet_file_data is None
+
+
+@pytest.mark.skipif(not _hf_xet_installed(), reason="hf_xet is not installed")
+def test_xet_file_with_hf_xet_installed_tries_xet_then_downloads_over_http_and_verifies(hub, tmp_path):
+    mark = _mark(hub)
+    r = go(hub, tmp_path, repo="org/xet", files=["tiny-agree.gguf"])
+    (f,) = r["files"]
+    assert f["status"] == "downloaded" and f["sha256"] == _sha(hub["tiny"]) == _sha(tmp_path / "tiny-agree.gguf")
+    assert f["transfer"] == "http" and "501" in f["xet_error"]  # the stand-in has no Xet storage
+    paths = [q["path"] for q in _log_since(hub, mark)]
+    assert any("/xet-read-token/" in p for p in paths), paths
+
+
+def test_xet_file_without_hf_xet_downloads_over_http_and_verifies(hub, tmp_path):
+    """hf_xet made unimportable (a stub package that raises ImportError first on sys.path), in a fresh process."""
+    stub = tmp_path / "stub" / "hf_xet"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('hf_xet is not installed (test stub)')\n")
+    dest = tmp_path / "dest"
+    code = (
+        "import json, sys; sys.path[:0] = sys.argv[1:4]\n"
+        "from ansible_collections.llamafleet.mtp.plugins.module_utils.hf_fetch import fetch, setup_environment\n"
+        "setup_environment(sys.argv[5])\n"
+        "print(json.dumps(fetch(repo='org/xet', revision='main', files=['tiny-agree.gguf'], dest=sys.argv[4],"
+        " endpoint=sys.argv[5])))\n"
+    )
+    mark = _mark(hub)
+    args = [sys.executable, "-c", code, str(stub.parent), str(REPO_ROOT / "collections"), str(REPO_ROOT)]
+    proc = subprocess.run([*args, str(dest), hub["endpoint"]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (f,) = json.loads(proc.stdout)["files"]
+    assert f["status"] == "downloaded" and f["transfer"] == "http" and "xet_error" not in f
+    assert _sha(dest / "tiny-agree.gguf") == _sha(hub["tiny"]) == f["sha256"]
+    assert not any("/xet-read-token/" in q["path"] for q in _log_since(hub, mark))
+
+
+def test_xet_off_downloads_over_http(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # what setup_environment(xet=False) sets
+    mark = _mark(hub)
+    r = go(hub, tmp_path, repo="org/xet", files=["tiny-agree.gguf"])
+    assert r["files"][0]["transfer"] == "http" and "xet_error" not in r["files"][0]
+    assert not any("/xet-read-token/" in q["path"] for q in _log_since(hub, mark))
+
+
+def test_every_huggingface_hub_name_hf_fetch_uses_is_exported_by_the_installed_version():
+    """Public names only, each importable from the installed huggingface_hub (the pinned range is what is tested)."""
+    import ast
+    import importlib
+    import re
+
+    source = Path(hf_fetch.__file__).read_text()
+    used = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("huggingface_hub"):
+            used += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            used += [(a.name, None) for a in node.names if a.name.startswith("huggingface_hub")]
+    used += [("huggingface_hub.file_download", n) for n in re.findall(r"\bfile_download\.(\w+)\(", source)]
+    assert ("huggingface_hub.utils", "build_hf_headers") in used and len(used) > 8
+    for module, name in sorted(used, key=str):
+        assert not any(part.startswith("_") for part in module.split(".")), f"private module {module}"
+        mod = importlib.import_module(module)
+        if name is not None:
+            assert not name.startswith("_"), f"private name {module}.{name}"
+            assert getattr(mod, name, None) is not None, f"{module}.{name} is not in huggingface_hub {_hf_version()}"
+
+
+def _hf_version() -> str:
+    import huggingface_hub
+
+    return huggingface_hub.__version__
+
+
+def test_the_huggingface_hub_the_role_installs_is_the_one_tested_here():
+    import yaml
+
+    defaults = yaml.safe_load((REPO_ROOT / "roles/model_fetch/defaults/main.yml").read_text())
+    role_pin = [p for p in defaults["model_fetch_hf_pip_packages"] if p.startswith("huggingface_hub")]
+    reqs = (REPO_ROOT / "requirements.txt").read_text().split()
+    assert role_pin == [f"huggingface_hub=={_hf_version()}"] and role_pin[0] in reqs

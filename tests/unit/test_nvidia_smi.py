@@ -476,7 +476,8 @@ def test_profile_matches_its_captures(name):
             ("memory.free", "memory_free_mib"),
             ("compute_cap", "compute_capability"),
         )
-        for got, cap in zip(profile["gpus"], captured["gpus"], strict=True):
+        assert len(profile["gpus"]) == len(captured["gpus"])
+        for got, cap in zip(profile["gpus"], captured["gpus"]):
             for raw_key, fact_key in pairs:
                 if cap[fact_key] is not None:
                     assert got[raw_key] == cap[fact_key], raw_key
@@ -490,7 +491,8 @@ def test_profile_through_standin_and_parser(name):
     assert facts["count"] == len(profile["gpus"])
     assert facts["driver_version"] == profile["driver_version"]
     assert facts["cuda_driver_version"] == profile["cuda_version"]
-    for fact, raw in zip(facts["gpus"], profile["gpus"], strict=True):
+    assert len(facts["gpus"]) == len(profile["gpus"])
+    for fact, raw in zip(facts["gpus"], profile["gpus"]):
         assert fact["index"] == raw["index"] and fact["uuid"] == raw["uuid"] and fact["healthy"]
         assert (fact["memory_total_mib"], fact["memory_used_mib"], fact["memory_free_mib"]) == (
             raw["memory.total"],

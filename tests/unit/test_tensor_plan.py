@@ -19,7 +19,10 @@ itself; CUDA compute buffers could not be measured here (no GPU).
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils import gguf_header, nvidia_smi
@@ -27,9 +30,26 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils import tensor_plan 
 from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
 from nvsmi_profiles import facts_from_profile, profile_path
 
-from tests.harness.gguf import qwen36_27b_header as qwen
-
 MIB = 1024 * 1024
+QWEN_WRITER = Path(__file__).resolve().parents[2] / "tests" / "harness" / "gguf" / "qwen36_27b_header.py"
+
+
+def write_qwen_header(out: Path, mtp: bool = True) -> None:
+    """Write the Qwen3.6-27B header stand-in. Its writer needs the gguf package (Python 3.10+): under an
+    older Python (the managed-host floor run, scripts/unit-oldest-python.sh) the controller's Python named by
+    LLAMAFLEET_GGUF_PYTHON writes the file, and the planner and header reader still run on the old one."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        python = os.environ.get("LLAMAFLEET_GGUF_PYTHON")
+        if not python:
+            pytest.skip("needs the gguf package or LLAMAFLEET_GGUF_PYTHON")
+        cmd = [python, str(QWEN_WRITER), str(out)] + ([] if mtp else ["--no-mtp"])
+        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+        return
+    from tests.harness.gguf import qwen36_27b_header as qwen
+
+    qwen.write_qwen36_27b_header(out, mtp=mtp)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -40,14 +60,14 @@ MIB = 1024 * 1024
 def model(tmp_path_factory):
     """gguf_info of the Qwen3.6-27B Q4_K_M + MTP stand-in, read by the real header reader."""
     out = tmp_path_factory.mktemp("qwen") / "Qwen3.6-27B-Q4_K_M-mtp.gguf"
-    qwen.write_qwen36_27b_header(out)
+    write_qwen_header(out)
     return gguf_header.gguf_info(out)
 
 
 @pytest.fixture(scope="module")
 def model_no_mtp(tmp_path_factory):
     out = tmp_path_factory.mktemp("qwen-nomtp") / "Qwen3.6-27B-Q4_K_M.gguf"
-    qwen.write_qwen36_27b_header(out, mtp=False)
+    write_qwen_header(out, mtp=False)
     return gguf_header.gguf_info(out)
 
 
@@ -371,6 +391,7 @@ def test_context_cells_padding():
 
 
 def test_cache_type_sizes_match_gguf_py():
+    pytest.importorskip("gguf")
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     for name, (blck, size) in tp.CACHE_TYPES.items():

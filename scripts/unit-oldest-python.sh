@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Unit tests of the host-side code (plugins/module_utils, and modules run by the real ansible CLI with
+# ansible_python_interpreter = this Python) under the oldest managed-host Python ansible-core 2.19
+# supports: 3.8. ruff (target py38 for plugins/modules and plugins/module_utils) and vermin check the
+# same floor statically; this runs it.
+# Env: OLDEST_PYTHON (an interpreter; default: python3.8 on PATH, else pyenv's newest 3.8.x).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+py=
+for cand in ${OLDEST_PYTHON:-} $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.8.*/bin/python3.8 2>/dev/null | sort -rV) \
+    $(command -v python3.8 || true); do   # (a pyenv shim on PATH exists but fails unless 3.8 is selected)
+  if "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 8)' 2>/dev/null; then py=$cand; break; fi
+done
+if [ -z "$py" ]; then
+  echo "unit-oldest-python: no Python 3.8 here (set OLDEST_PYTHON); only the static check (ruff py38, vermin) covers the floor" >&2
+  exit 0
+fi
+req=tests/requirements-oldest-python.txt
+venv=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/venv-py38
+want=$(cat "$req" <("$py" -V) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  echo "$want" > "$venv/.stamp"
+fi
+controller_python=$(command -v python3)
+echo "unit-oldest-python: $("$venv/bin/python" -V) ($py); GGUF fixtures written by $controller_python"
+# The venv first on PATH: the nvidia-smi stand-in (#!/usr/bin/env python3) runs on 3.8 too, as on a host.
+PATH="$venv/bin:$PATH" LLAMAFLEET_GGUF_PYTHON=$controller_python \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
+  tests/unit/test_nvidia_smi.py tests/unit/test_tensor_plan.py tests/unit/test_cuda_compat.py \
+  tests/unit/test_llama_caps.py tests/unit/test_llamacpp_build.py tests/unit/test_model_fetch.py \
+  tests/unit/test_model_files.py tests/unit/test_llama_bench.py \
+  tests/unit/test_gpu_facts_module.py tests/unit/test_llama_server_capabilities_module.py
