@@ -20,7 +20,7 @@ description:
   - Returns the resolved state; a successful result is kept out of the output (the instances carry API keys).
     Register it (site.yml registers C(llamafleet_declared)).
 author:
-  - llamafleet maintainers (@llamafleet)
+  - llamafleet maintainers (!UNKNOWN)
 options:
   ref:
     description: The llama.cpp ref to run (C(llamacpp_mtp_build_ref), or C(llamafleet_upgrade_ref) in an upgrade).

@@ -19,7 +19,7 @@ description:
     above the model's training context unless the instance sets C(rope_scaling).
   - Instances that serve a C(model_path) are passed through unplanned.
 author:
-  - llamafleet maintainers (@llamafleet)
+  - llamafleet maintainers (!UNKNOWN)
 options:
   instances:
     description: Resolved instances (C(llamafleet_declared.instances)).

@@ -18,7 +18,7 @@ description:
     running process already holds).
   - Sets the fact C(llama_host_state).
 author:
-  - llamafleet maintainers (@llamafleet)
+  - llamafleet maintainers (!UNKNOWN)
 options:
   install_root:
     description: Where the llamacpp_mtp_build role installs builds.

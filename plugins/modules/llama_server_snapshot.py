@@ -19,7 +19,7 @@ description:
     It does not restart anything; the llama_server_systemd role's C(rollback) task file does.
   - The snapshot is the converge's own bookkeeping, not managed state, so C(saved) never reports a change.
 author:
-  - llamafleet maintainers (@llamafleet)
+  - llamafleet maintainers (!UNKNOWN)
 options:
   state:
     description: Save the current configuration, or restore the saved one.

@@ -138,9 +138,9 @@ def main_pid(host, name="main"):
 def health(host, port=8080):
     code = (
         "import urllib.request,sys\n"
-        "try:\n print(urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=5).status)\n"
+        f"try:\n print(urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\n"
         "except Exception as e:\n print(getattr(e, 'code', 0))\n"
-    ) % port
+    )
     return int(on_host(host, "python3", "-c", code).strip() or 0)
 
 
@@ -294,7 +294,10 @@ def test_4_models_only_upgrade(inv, tmp_path_factory):
     gv["llamafleet_models"].append({"name": "sandbox-mtp-v2", "source": "controller", "controller_path": str(path)})
     write_group_vars(inv, gv)
     run = play(
-        "playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_models": {"main": "sandbox-mtp-v2"}}
+        "playbooks/upgrade.yml",
+        inv,
+        tmp_path_factory,
+        extravars={"llamafleet_upgrade_models": {"main": "sandbox-mtp-v2"}},
     )
     ok(run, "models upgrade")
     for h in HOSTS:
@@ -375,7 +378,7 @@ def test_8_deliberate_restarts_never_trip_the_start_limit(tmp_path_factory, tmp_
         "    - name: Restart main through the role, 8 times\n"
         "      ansible.builtin.include_role:\n        name: llamafleet.mtp.llama_server_systemd\n"
         "        tasks_from: restart\n      vars:\n        __llama_server_systemd_name: main\n"
-        "      loop: \"{{ range(8) | list }}\"\n"
+        '      loop: "{{ range(8) | list }}"\n'
     )
     t0 = time.monotonic()
     import ansible_runner
@@ -391,7 +394,9 @@ def test_8_deliberate_restarts_never_trip_the_start_limit(tmp_path_factory, tmp_
     assert runner.status == "successful", Run(runner, 0).failures()
     assert time.monotonic() - t0 < 120
     restarts = [
-        e for e in runner.events if e.get("event") == "runner_on_ok" and (e["event_data"].get("task") or "").startswith("Restart")
+        e
+        for e in runner.events
+        if e.get("event") == "runner_on_ok" and (e["event_data"].get("task") or "").startswith("Restart")
     ]
     assert len(restarts) == 8
     assert health("llama-sandbox-1") == 200

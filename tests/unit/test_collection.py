@@ -25,7 +25,7 @@ def test_build_and_install(tmp_path):
         names = set(tar.getnames())
     for m in MODULES:
         assert f"plugins/modules/{m}.py" in names
-    assert "site.yml" in names
+    assert "playbooks/site.yml" in names and "site.yml" not in names  # the checkout's entry stays behind
     assert "LICENSE" in names
     assert "tests/sanity/ignore-2.19.txt" in names  # ansible-test reads it on the artifact (scripts/sanity.sh)
     dev = (".venv", "collections/", ".git/", "scripts/", "inventories/", "molecule/", "extensions/", ".cache")
@@ -52,6 +52,15 @@ def test_build_and_install(tmp_path):
         assert entry["examples"].strip()
         assert entry["return"]
         assert entry["doc"]["attributes"]["check_mode"]["support"] in ("full", "partial")
+    # The fleet playbooks run by FQCN from the installed collection.
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    llama_hosts:\n      hosts:\n        h1:\n")
+    for pb in ("site", "upgrade", "bench"):
+        _run(
+            [str(BIN / "ansible-playbook"), "--syntax-check", "-i", str(inv), f"llamafleet.mtp.{pb}"],
+            env=env,
+            cwd=tmp_path,
+        )
 
 
 def test_ansible_doc_renders_every_module_from_the_checkout():
