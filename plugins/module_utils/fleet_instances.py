@@ -432,6 +432,11 @@ def _replica_names(name, count):
     return [name] + [f"{name}-{i}" for i in range(count)]
 
 
+def compact(inst):
+    """The instance without unset fields (what an Ansible argument spec accepts for unset options)."""
+    return {k: v for k, v in inst.items() if v is not None}
+
+
 def plan_host(*, host, instances, models, gpu_facts, host_state):
     """Plan every resolved instance of a host; returns ``{plan, instances, problems, notes}``.
 
@@ -446,7 +451,7 @@ def plan_host(*, host, instances, models, gpu_facts, host_state):
         name = inst.get("name")
         if inst.get("model_path"):
             notes.append(f"{where(host, name)}: serves model_path {inst['model_path']}; not planned")
-            out.append(dict(inst))
+            out.append(compact(inst))
             continue
         entry = (models or {}).get(inst.get("model")) or {}
         gguf = entry.get("gguf")
@@ -464,7 +469,7 @@ def plan_host(*, host, instances, models, gpu_facts, host_state):
         settings = p.get("settings") or {}
         problems += context_problems(inst, gguf, host, settings.get("n_ctx_seq"))
         plans[name] = p
-        out.append(with_plan(inst, p))
+        out.append(compact(with_plan(inst, p)))
         if p.get("mode") == "cpu":
             cpu_needs[name] = sum(int(i.get("host_mib") or i.get("required_mib") or 0) for i in p["instances"])
             count = len(p.get("instances") or [])
