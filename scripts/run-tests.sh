@@ -56,9 +56,9 @@ LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/
 export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
 stage unit-slow pytest -q -m slow tests/unit
 stage integration pytest -q tests/integration
-# MOLECULE_SCENARIOS="a b" runs only those scenarios (default: every scenario under molecule/).
-for scenario in ${MOLECULE_SCENARIOS:-$(ls -1 molecule)}; do
-  [ -f "molecule/$scenario/molecule.yml" ] || continue
+# MOLECULE_SCENARIOS="a b" runs only those scenarios (default: every scenario under extensions/molecule/).
+for scenario in ${MOLECULE_SCENARIOS:-$(ls -1 extensions/molecule)}; do
+  [ -f "extensions/molecule/$scenario/molecule.yml" ] || continue
   stage "molecule:$scenario" molecule test -s "$scenario"
 done
 # README command 1, end to end on a fresh sandbox fleet, then the fleet playbooks on it

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # extensions/molecule/model_fetch/make_hub.py
 sys.path.insert(0, str(REPO))
 
 from tests.harness.gguf.make_models import build_model  # noqa: E402
