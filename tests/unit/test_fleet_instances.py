@@ -209,3 +209,130 @@ def test_module_documentation_does_not_drift():
     )
     sub = yaml.safe_load(doc)["options"]["instances"]["suboptions"]
     assert _doc_fields(sub) == _fields_spec()
+
+
+# ------------------------------------------------------------------------------------------------
+# every field a user can write works through the resolver -> planner -> server path (the seeds' host
+# shapes: real nvidia-smi captures through the stand-in and parser, the Qwen3.6-27B header stand-in)
+
+GPU_CAPS = {
+    "flags": [
+        *("--model", "--host", "--port", "--ctx-size", "--parallel", "--kv-unified", "--cache-type-k"),
+        *("--cache-type-v", "--spec-type", "--spec-draft-n-max", "--spec-draft-type-k", "--spec-draft-type-v"),
+        *("--metrics", "--no-webui", "--n-gpu-layers", "--split-mode", "--main-gpu", "--tensor-split"),
+    ],
+    "mtp_spec_type": "draft-mtp",
+    "has_cuda": True,
+    "split_modes": ["none", "layer", "row", "tensor"],
+}
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from tests.unit.test_tensor_plan import write_qwen_header
+
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    out = tmp_path_factory.mktemp("qwen") / "Qwen3.6-27B-Q4_K_M-mtp.gguf"
+    write_qwen_header(out)
+    return gguf_info(out)
+
+
+def _through(raw, gguf, profile, **kw):
+    from tests.unit.nvsmi_profiles import facts_from_profile, profile_path
+
+    insts, problems = fi.resolve(raw, host="h1", models=["qwen"], **kw)
+    assert problems == []
+    out = fi.plan_host(
+        host="h1",
+        instances=insts,
+        models={"qwen": {"gguf": gguf}},
+        gpu_facts=facts_from_profile(profile_path(profile)),
+        host_state={},
+    )
+    assert out["problems"] == [], out["problems"]
+    served = "/var/lib/llama-models/qwen/q.gguf"
+    info = dict(la.model_info_from_gguf(gguf, "id"), paths=[served])
+    rendered = la.render(
+        out["instances"],
+        capabilities=GPU_CAPS,
+        model_info={served: info},
+        models={"qwen": {"path": served}},
+        plans=out["plan"],
+        binary="/opt/llama.cpp/current/bin/llama-server",
+    )
+    return out["plan"], rendered
+
+
+def test_draft_cache_types_and_kv_unified_work_through_site(qwen):
+    plan, (r,) = _through(
+        [
+            {
+                "name": "q",
+                "model": "qwen",
+                "port": 8080,
+                "context": 32768,
+                "parallel": 2,
+                "kv_unified": True,
+                "draft_cache_type_k": "q8_0",
+                "draft_cache_type_v": "q8_0",
+            }
+        ],
+        qwen,
+        "seed-1x-rtx3090",
+    )
+    args = " ".join(r["args"])
+    # kv_unified: one KV stream of the whole context for both slots (the plan's n_ctx_seq)
+    assert plan["q"]["settings"]["draft_cache_type_k"] == "q8_0" and plan["q"]["settings"]["n_ctx_seq"] == 32768
+    assert "--spec-draft-type-k q8_0 --spec-draft-type-v q8_0" in args and "--kv-unified" in args
+
+
+def test_forced_tensor_split_and_max_gpus_work_through_site(qwen):
+    # A forced -ts over the GPUs the instance names: the planner checks the fit within those GPUs, the
+    # server runs on all of them with the forced split.
+    plan, (r,) = _through(
+        [{"name": "q", "model": "qwen", "port": 8080, "context": 65536, "devices": [2, 3], "tensor_split": "3,2"}],
+        qwen,
+        "jtkj003-8x-a100-sxm4-nvswitch",
+    )
+    assert plan["q"]["fits"] and set(plan["q"]["instances"][0]["devices"]) <= {2, 3}
+    assert r["args"][r["args"].index("--tensor-split") + 1] == "3,2" and r["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    # max_gpus bounds the planner: the seeds' 2x V100 262144 q4_0 case needs both GPUs, and max_gpus 1 refuses it
+    from tests.unit.nvsmi_profiles import facts_from_profile, profile_path
+
+    raw = {
+        "name": "q",
+        "model": "qwen",
+        "port": 8080,
+        "context": 262144,
+        "cache_type_k": "q4_0",
+        "cache_type_v": "q4_0",
+    }
+    for max_gpus, fits in ((2, True), (1, False)):
+        (inst,), _ = fi.resolve([dict(raw, max_gpus=max_gpus)], host="h1", models=["qwen"])
+        out = fi.plan_host(
+            host="h1",
+            instances=[inst],
+            models={"qwen": {"gguf": qwen}},
+            gpu_facts=facts_from_profile(profile_path("seed-2x-v100-pcie16")),
+            host_state={},
+        )
+        assert (out["problems"] == []) is fits, out["problems"]
+        if not fits:
+            assert out["problems"][0].startswith("host h1, instance 'q':")
+
+
+def test_replicas_auto_and_devices_work_through_site(qwen):
+    plan, rendered = _through(
+        [{"name": "q", "model": "qwen", "port": 8080, "context": 32768, "replicas": "auto"}],
+        qwen,
+        "noderecord-8x-h200-nvswitch",
+    )
+    assert len(rendered) == len(plan["q"]["instances"]) > 1
+    assert [r["port"] for r in rendered] == list(range(8080, 8080 + len(rendered)))
+    _, (one,) = _through(
+        [{"name": "d", "model": "qwen", "port": 9000, "context": 32768, "devices": [1]}],
+        qwen,
+        "noderecord-8x-h200-nvswitch",
+    )
+    assert one["devices"] == [1] and one["env"]["CUDA_VISIBLE_DEVICES"] == "1"
