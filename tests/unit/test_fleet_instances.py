@@ -229,9 +229,9 @@ GPU_CAPS = {
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    from tests.unit.test_tensor_plan import write_qwen_header
-
     from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    from tests.unit.test_tensor_plan import write_qwen_header
 
     out = tmp_path_factory.mktemp("qwen") / "Qwen3.6-27B-Q4_K_M-mtp.gguf"
     write_qwen_header(out)
