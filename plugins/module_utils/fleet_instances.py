@@ -164,8 +164,9 @@ def _close(name, known):
     return match[0] if match else None
 
 
-def normalize(raw, host=None, fields=FIELDS):
+def normalize(raw, host=None, fields=None):
     """One instance: defaults applied, types and choices checked; returns ``(instance, problems)``."""
+    fields = fields or FIELDS
     if not isinstance(raw, dict):
         return {}, [f"{where(host)}: an instance must be a mapping, got {type(raw).__name__}"]
     label = raw.get("name")

@@ -388,7 +388,7 @@ def parse_topology(text: str) -> dict:
     if start is None:
         raise ParseError("no GPU0 column header in `nvidia-smi topo -m` output", text)
     header = [c for c in _topo_cells(lines[start]) if c]
-    labels = [token for _, token in _TOPO_LABELS]
+    labels = [label[1] for label in _TOPO_LABELS]
     n_links = next((i for i, c in enumerate(header) if c in labels), len(header))
     link_cols = header[:n_links]
     trailing = header[n_links:]

@@ -709,8 +709,8 @@ def _balanced_counts(layout, free_bytes):
         return layout.need(a, b, i, pipeline) / free_bytes[i] if free_bytes[i] > 0 else big
 
     # best[i][b]: (worst ratio, sum of squares) placing layers [0, b) on devices 0..i
-    best = [[None] * (n + 1) for _ in range(k)]
-    back = [[-1] * (n + 1) for _ in range(k)]
+    best = [[None] * (n + 1) for dummy in range(k)]
+    back = [[-1] * (n + 1) for dummy in range(k)]
     for b in range(1, n - k + 2):
         r = ratio(0, b, 0)
         best[0][b] = (r, r * r)
@@ -1107,8 +1107,7 @@ def _failure_numbers(inst):
 
 
 def _fits_anywhere(model, s, pool, matrix, max_gpus):
-    inst, _ = find_group(model, s, pool, matrix, max_gpus)
-    return inst is not None
+    return find_group(model, s, pool, matrix, max_gpus)[0] is not None
 
 
 def _best_attempt(model, s, pool, matrix, max_gpus):

@@ -91,7 +91,7 @@ def _meminfo():
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                key, _, rest = line.partition(":")
+                key, dummy, rest = line.partition(":")
                 parts = rest.split()
                 if parts and parts[0].isdigit():
                     out[key] = int(parts[0]) * 1024
@@ -151,7 +151,7 @@ def main():
         name = os.path.basename(env)[: -len(".env")]
         state = {"active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0, "rss_bytes": 0}
         if systemctl:
-            rc, out, _ = module.run_command(
+            rc, out, dummy = module.run_command(
                 [
                     systemctl,
                     "show",

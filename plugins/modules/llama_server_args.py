@@ -22,7 +22,7 @@ description:
     and passed with C(--api-key-file), never in argv).
   - The pure logic is plugins/module_utils/llama_server_args.py.
 author:
-  - llamafleet maintainers
+  - llamafleet maintainers (!UNKNOWN)
 options:
   instances:
     description:
@@ -162,7 +162,6 @@ options:
       api_key:
         description: API key; only its presence is returned.
         type: str
-        no_log: true
       allow_unauthenticated:
         description: Allow a non-loopback O(instances[].host) without an API key.
         type: bool
