@@ -11,7 +11,7 @@ class ActionModule(ActionBase):
 
     TRANSFERS_FILES = False
     _requires_connection = False
-    _VALID_ARGS = frozenset(("instances", "models", "gpu_facts", "host_state"))
+    _VALID_ARGS = frozenset(("instances", "models", "gpu_facts", "host_state", "declared_models"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -23,6 +23,8 @@ class ActionModule(ActionBase):
             models=args.get("models") or {},
             gpu_facts=args.get("gpu_facts") or {},
             host_state=args.get("host_state") or {},
+            declared_models=args.get("declared_models") or [],
+            check_mode=bool(self._task.check_mode or self._play_context.check_mode),
         )
         if out["problems"]:
             result.update(

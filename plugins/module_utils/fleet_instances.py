@@ -438,13 +438,22 @@ def compact(inst):
     return {k: v for k, v in inst.items() if v is not None}
 
 
-def plan_host(*, host, instances, models, gpu_facts, host_state):
+def plan_host(*, host, instances, models, gpu_facts, host_state, declared_models=None, check_mode=False):
     """Plan every resolved instance of a host; returns ``{plan, instances, problems, notes}``.
 
     ``models``: model_fetch_facts (name -> {gguf, path, ...}); ``host_state``: the llama_host_state fact
     (MemAvailable and what the running instances hold, for CPU plans). Instances that serve a
-    ``model_path`` are not planned (their header is read on the host by the server role).
+    ``model_path`` are not planned (their header is read on the host by the server role). A model not on
+    the host yet (check mode) is planned from its controller copy (``declared_models``, source
+    controller); in check mode one with no header anywhere yet is left unplanned, with a note.
     """
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import GGUFError, gguf_info
+
+    on_controller = {
+        m.get("name"): m.get("controller_path")
+        for m in declared_models or []
+        if m.get("source") == "controller" and m.get("controller_path")
+    }
     plans, out, problems, notes = {}, [], [], []
     cpu_needs, held = {}, {}
     running = (host_state or {}).get("instances") or {}
@@ -456,6 +465,16 @@ def plan_host(*, host, instances, models, gpu_facts, host_state):
             continue
         entry = (models or {}).get(inst.get("model")) or {}
         gguf = entry.get("gguf")
+        if not gguf and inst.get("model") in on_controller:
+            try:
+                gguf = gguf_info(on_controller[inst["model"]])
+            except (GGUFError, OSError) as e:
+                problems.append(f"{where(host, name, 'model')}: {on_controller[inst['model']]}: {e}")
+                continue
+        if not gguf and check_mode:
+            notes.append(f"{where(host, name)}: model {inst.get('model')!r} is not fetched yet; planned by the real run")
+            out.append(compact(inst))
+            continue
         if not gguf:
             problems.append(
                 f"{where(host, name, 'model')}: model {inst.get('model')!r} has no GGUF header in model_fetch_facts "

@@ -38,6 +38,13 @@ options:
     description: C(ansible_facts.llama_host_state) (memory and running instances).
     type: dict
     default: {}
+  declared_models:
+    description:
+      - The declared models (C(llamafleet_declared.models)). A model kept on the controller (C(source=controller))
+        that is not on the host yet (check mode) is planned from its controller copy's header.
+    type: list
+    elements: dict
+    default: []
 attributes:
   action:
     support: full

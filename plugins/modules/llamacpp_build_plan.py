@@ -211,6 +211,10 @@ def compiler_identity(module):
     m = re.search(r"Candidate:\s*(\S+)", out or "")
     if rc == 0 and m and m.group(1) != "(none)":
         return "g++=" + m.group(1)
+    if module.check_mode:
+        # A fresh host in check mode: apt's cache was not refreshed (nothing may change). The key then
+        # names no compiler, so the plan says "would build and install"; the real run knows the g++.
+        return "g++=unknown (check mode, apt cache not read)"
     module.fail_json(msg="cannot tell which g++ this host uses (neither installed nor available from apt)")
 
 
