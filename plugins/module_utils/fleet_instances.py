@@ -472,7 +472,7 @@ def plan_host(*, host, instances, models, gpu_facts, host_state, declared_models
                 problems.append(f"{where(host, name, 'model')}: {on_controller[inst['model']]}: {e}")
                 continue
         if not gguf and check_mode:
-            notes.append(f"{where(host, name)}: model {inst.get('model')!r} is not fetched yet; planned by the real run")
+            notes.append(f"{where(host, name)}: model {inst.get('model')!r} not fetched yet; the real run plans it")
             out.append(compact(inst))
             continue
         if not gguf:
