@@ -16,7 +16,8 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
  6. a failing upgrade is rolled back on the canary and the rollout stops;
  7. deliberate restarts never trip systemd's start limit (8 restarts through the role within a minute);
  8. bench --tags autotune on an instance without a pinned draft_n_max, then site.yml passes with the
-    tuned value in the env file.
+    tuned value in the env file;
+ 9. a host reached as an unprivileged user with sudo (become) converges site.yml and the upgrade.
 """
 
 from __future__ import annotations
@@ -446,6 +447,43 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
     site = ok(play("site.yml", inv, tmp_path_factory, limit="llama-sandbox-1"), "site.yml after autotune")
     assert f"--spec-draft-n-max {best}" in env_file("llama-sandbox-1")
     print(f"\nautotune picked draft-n-max {result['best_draft_n_max']}; site.yml took {site.seconds:.0f} s")
+
+
+def test_9_non_root_with_become(tmp_path_factory):
+    """A host reached as an unprivileged user with sudo (ansible_user + ansible_become, as in
+    inventories/prod): site.yml converges it and the upgrade moves it; controller-side files (the release
+    file) belong to the user running ansible-playbook."""
+    host = "llama-sandbox-3"
+    subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "3", "12"], check=True, capture_output=True)
+    on_host(host, "useradd", "--create-home", "--shell", "/bin/bash", "deploy")
+    on_host(
+        host,
+        "sh",
+        "-c",
+        "echo 'deploy ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/deploy && chmod 0440 /etc/sudoers.d/deploy",
+    )
+    inv = tmp_path_factory.mktemp("inventory-become") / "sandbox"
+    shutil.copytree(REPO / "inventories" / "sandbox", inv)
+    (inv / "hosts.yml").write_text(
+        "---\nall:\n  children:\n    llama_hosts:\n      hosts:\n        llama-sandbox-3:\n      vars:\n"
+        "        ansible_connection: containers.podman.podman\n        ansible_python_interpreter: /usr/bin/python3\n"
+        "        ansible_user: deploy\n        ansible_become: true\n"
+    )
+    try:
+        run = ok(play("site.yml", inv, tmp_path_factory), "site.yml as deploy with become")
+        assert run.changed(host) > 0 and health(host) == 200
+        assert "--spec-type mtp " in env_file(host)
+        assert on_host(host, "stat", "-c", "%U", "/home/deploy/.ansible").strip() == "deploy"  # connected as deploy
+        assert on_host(host, "stat", "-c", "%U %a", "/etc/llama-server/main.env").strip() == "root 644"
+        up = ok(
+            play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_ref": MAINLINE}),
+            "upgrade as deploy with become",
+        )
+        assert up.changed(host) > 0 and "--spec-type draft-mtp" in env_file(host) and health(host) == 200
+        written = inv / "group_vars" / "all" / "llamafleet_release.yml"
+        assert written.stat().st_uid == os.getuid() and release(inv)["llamacpp_mtp_build_ref"] == MAINLINE
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "5", host], capture_output=True)
 
 
 def test_zz_print_times():
