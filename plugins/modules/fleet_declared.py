@@ -50,16 +50,8 @@ options:
     description: Accept a declared ref older than the running build (C(llamafleet_allow_downgrade)).
     type: bool
     default: false
-attributes:
-  action:
-    support: full
-    description: Runs on the controller as an action plugin.
-  check_mode:
-    support: full
-    description: Only computes; the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.controller_action
 """
 
 EXAMPLES = r"""
