@@ -65,5 +65,5 @@ done
 # (idempotence, the PR-merged upgrade, a failing upgrade with rollback, bench --tags autotune).
 stage sandbox-down-before bash scripts/sandbox.sh down
 stage sandbox-site bash scripts/run-sandbox.sh
-stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q tests/integration/test_fleet_playbooks.py
+stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q -s tests/integration/test_fleet_playbooks.py   # -s: prints failed requests per host and run times
 stage sandbox-down bash scripts/sandbox.sh down
