@@ -8,7 +8,6 @@ asserts against (commits, sizes, sha256s). Usage: make_hub.py DIR
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]  # extensions/molecule/model_fetch/make_hub.py
 sys.path.insert(0, str(REPO))
 
-from tests.harness.gguf.make_models import build_model  # noqa: E402
+from tests.harness.gguf.make_models import build_model, sha256_file  # noqa: E402
 
 ORG = "llamafleet"
 GOOD_TOKEN = "hf_molecule_good_token_0001"
@@ -26,14 +25,6 @@ COMMITS = {
     "tiny-agree-GGUF": "a9ee000000000000000000000000000000000001",
     "tiny-split-GGUF": "a9ee000000000000000000000000000000000002",
 }
-
-
-def sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def main() -> int:
@@ -69,7 +60,7 @@ def main() -> int:
 
     files = {}
     for key, m in models.items():
-        files[key] = {p.name: {"sha256": sha256(p), "size": p.stat().st_size} for p in m.paths}
+        files[key] = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in m.paths}
     doc = {
         "root": str(root),
         "org": ORG,
