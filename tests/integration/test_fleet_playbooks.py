@@ -39,7 +39,10 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("FLEET_SANDBOX") != "1", reason="needs the sandbox fleet (FLEET_SANDBOX=1)"),
 ]
-HOSTS = ("llama-sandbox-1", "llama-sandbox-2")
+# SANDBOX_PREFIX (as in scripts/sandbox.sh) runs the sequence on another fleet: the inventory copy is renamed.
+PREFIX = os.environ.get("SANDBOX_PREFIX", "llama-sandbox")
+HOSTS = (f"{PREFIX}-1", f"{PREFIX}-2")
+H1, H2, H3 = HOSTS[0], HOSTS[1], f"{PREFIX}-3"
 MAINLINE = "mainline-0c1e570"
 TIMES: dict[str, float] = {}
 
@@ -202,6 +205,9 @@ def inv(tmp_path_factory):
     """A copy of the sandbox inventory that the tests declare changes in."""
     path = tmp_path_factory.mktemp("inventory") / "sandbox"
     shutil.copytree(REPO / "inventories" / "sandbox", path)
+    if PREFIX != "llama-sandbox":
+        hosts = path / "hosts.yml"
+        hosts.write_text(hosts.read_text().replace("llama-sandbox-", f"{PREFIX}-"))
     return path
 
 
@@ -270,7 +276,7 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
     # The upgrade persisted: the everyday command changes nothing on the fleet, its --check says so,
     # and a host that joins now gets the upgraded build. The joining host is fresh (no python3-apt, no
     # build, no unit): --check completes on it and predicts the install.
-    new = "llama-sandbox-3"
+    new = H3
     subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "3", "12"], check=True, capture_output=True)
     _add_host(inv, new)
     try:
@@ -343,11 +349,11 @@ def test_5_impossible_context_is_refused_before_any_restart(inv, tmp_path_factor
         run = play("site.yml", inv, tmp_path_factory)
         assert run.status == "failed"
         msgs = " ".join(str(m) for _, _, m in run.failures())
-        assert "host llama-sandbox-1, instance 'main', field 'context'" in msgs, msgs[-2000:]
+        assert f"host {H1}, instance 'main', field 'context'" in msgs, msgs[-2000:]
         assert "training context" in msgs and "host RAM" in msgs
         for h in HOSTS:
             assert main_pid(h) == pids[h] and health(h) == 200  # still serving, never restarted
-        assert "llama-sandbox-2" not in run.hosts_in("Plan every instance")  # the rollout stopped at the canary
+        assert H2 not in run.hosts_in("Plan every instance")  # the rollout stopped at the canary
     finally:
         gv["llamafleet_instances"][0]["context"] = good
         write_group_vars(inv, gv)
@@ -374,9 +380,9 @@ def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory
         extravars={"llamafleet_upgrade_models": {"main": "sandbox-mtp-broken"}},
     )
     assert run.status == "failed"
-    assert run.count("rescued", "llama-sandbox-1") == 1, run.failures()
-    assert "llama-sandbox-2" not in run.hosts_in("Llama-server instances") | run.hosts_in("llamafleet.mtp.llama")
-    assert run.changed("llama-sandbox-2") == 0
+    assert run.count("rescued", H1) == 1, run.failures()
+    assert H2 not in run.hosts_in("Llama-server instances") | run.hosts_in("llamafleet.mtp.llama")
+    assert run.changed(H2) == 0
     for h in HOSTS:
         assert (env_file(h), build_info(h)["name"]) == before[h]
         assert health(h) == 200
@@ -386,7 +392,7 @@ def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory
 def test_7_deliberate_restarts_never_trip_the_start_limit(tmp_path_factory, tmp_path):
     pb = tmp_path / "restarts.yml"
     pb.write_text(
-        "---\n- hosts: llama-sandbox-1\n  gather_facts: false\n  tasks:\n"
+        f"---\n- hosts: {H1}\n  gather_facts: false\n  tasks:\n"
         "    - name: Restart main through the role, 8 times\n"
         "      ansible.builtin.include_role:\n        name: llamafleet.mtp.llama_server_systemd\n"
         "        tasks_from: restart\n      vars:\n        __llama_server_systemd_name: main\n"
@@ -411,13 +417,13 @@ def test_7_deliberate_restarts_never_trip_the_start_limit(tmp_path_factory, tmp_
         if e.get("event") == "runner_on_ok" and (e["event_data"].get("task") or "").startswith("Restart llama-server@")
     ]
     assert len(restarts) == 8
-    assert health("llama-sandbox-1") == 200
+    assert health(H1) == 200
 
 
 def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
     # A model large enough that CPU decode is weight-bound, so MTP pays (agree head: acceptance 1.0).
     model = _second_model("bench-agree", n_embd=1024, n_layer=6)
-    hv = inv / "host_vars" / "llama-sandbox-1"
+    hv = inv / "host_vars" / H1
     hv.mkdir(parents=True, exist_ok=True)
     (hv / "bench.yml").write_text(
         "---\nllamafleet_models:\n  - name: bench-agree\n    source: controller\n"
@@ -430,11 +436,11 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
         inv,
         tmp_path_factory,
         tags="autotune",
-        limit="llama-sandbox-1",
+        limit=H1,
         extravars={"llamafleet_bench_draft_n_max": [1, 3], "llamafleet_bench_dir": str(tmp_path / "results")},
     )
     ok(run, "bench --tags autotune")
-    result = json.loads((tmp_path / "results" / "llama-sandbox-1.json").read_text())["result"]
+    result = json.loads((tmp_path / "results" / f"{H1}.json").read_text())["result"]
     assert [r["label"] for r in result["rows"]] == ["no-mtp", "mtp-n1", "mtp-n3"]
     assert all(r["acceptance"] == 1.0 for r in result["rows"][1:])
     tuned = hv / "llamafleet_autotune.yml"
@@ -444,8 +450,8 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
         best = 2
     else:
         assert yaml.safe_load(tuned.read_text())["llamafleet_autotune"] == {"main": best}
-    site = ok(play("site.yml", inv, tmp_path_factory, limit="llama-sandbox-1"), "site.yml after autotune")
-    assert f"--spec-draft-n-max {best}" in env_file("llama-sandbox-1")
+    site = ok(play("site.yml", inv, tmp_path_factory, limit=H1), "site.yml after autotune")
+    assert f"--spec-draft-n-max {best}" in env_file(H1)
     print(f"\nautotune picked draft-n-max {result['best_draft_n_max']}; site.yml took {site.seconds:.0f} s")
 
 
@@ -453,7 +459,7 @@ def test_9_non_root_with_become(tmp_path_factory):
     """A host reached as an unprivileged user with sudo (ansible_user + ansible_become, as in
     inventories/prod): site.yml converges it and the upgrade moves it; controller-side files (the release
     file) belong to the user running ansible-playbook."""
-    host = "llama-sandbox-3"
+    host = H3
     subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "3", "12"], check=True, capture_output=True)
     on_host(host, "useradd", "--create-home", "--shell", "/bin/bash", "deploy")
     on_host(
@@ -465,7 +471,7 @@ def test_9_non_root_with_become(tmp_path_factory):
     inv = tmp_path_factory.mktemp("inventory-become") / "sandbox"
     shutil.copytree(REPO / "inventories" / "sandbox", inv)
     (inv / "hosts.yml").write_text(
-        "---\nall:\n  children:\n    llama_hosts:\n      hosts:\n        llama-sandbox-3:\n      vars:\n"
+        f"---\nall:\n  children:\n    llama_hosts:\n      hosts:\n        {H3}:\n      vars:\n"
         "        ansible_connection: containers.podman.podman\n        ansible_python_interpreter: /usr/bin/python3\n"
         "        ansible_user: deploy\n        ansible_become: true\n"
     )
