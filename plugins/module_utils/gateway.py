@@ -35,11 +35,11 @@ def _loopback(addr):
         return False
 
 
-def servers(published, backend_hosts, gateway_host, instance_names=None, serving=None):
+def servers(published, backend_hosts, gateway_host, instance_names=None, host_states=None):
     """The servers of a gateway on ``gateway_host``: ``{servers, skipped}``.
 
     ``published``: host -> that host's ``llama_server_systemd_facts`` (or None when it has none this run).
-    ``serving``: host -> ``llama_host_state.serving`` as read at the start of the run (None: not read). A host
+    ``host_states``: host -> its ``llama_host_state`` as read at the start of the run ({}: not read). A host
     without published facts that did not serve before (a fresh host that failed, or that check mode could not
     deploy) is left out and listed in ``skipped``; one that served, or that this run did not read (``--limit``),
     is an error: dropping it would take a serving host out of the gateway.
@@ -48,7 +48,7 @@ def servers(published, backend_hosts, gateway_host, instance_names=None, serving
     raises GatewayError naming every host and instance that cannot be a backend.
     """
     wanted = set(instance_names or [])
-    serving = serving or {}
+    serving = {h: (st or {}).get("serving") for h, st in (host_states or {}).items()}
     out, problems, skipped = [], [], []
     if not backend_hosts:
         problems.append(f"host {gateway_host}: llama_gateway_backend_hosts is empty; nothing to route to")

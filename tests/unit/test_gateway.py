@@ -64,12 +64,13 @@ def test_only_the_named_instances():
 
 
 def test_a_fresh_host_without_facts_is_left_out_a_serving_or_unread_one_is_an_error():
-    published = {"h1": facts(inst("main", 8080)), "h2": None}
-    out = servers(published, ["h1", "h2"], "gw", serving={"h1": True, "h2": False})
+    published = {"h1": facts(inst("main", 8080)), "h2": {}}
+    states = {"h1": {"serving": True}, "h2": {"serving": False}}
+    out = servers(published, ["h1", "h2"], "gw", host_states=states)
     assert [s["host"] for s in out["servers"]] == ["h1"] and out["skipped"] == ["h2"]
-    for serving in ({"h2": True}, {}):
+    for states in ({"h2": {"serving": True}}, {"h2": {}}, {}):
         with pytest.raises(GatewayError, match="backend host h2 has no llama_server_systemd_facts"):
-            servers(published, ["h1", "h2"], "gw", serving=serving)
+            servers(published, ["h1", "h2"], "gw", host_states=states)
 
 
 def test_nothing_to_route_to():
