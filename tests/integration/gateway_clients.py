@@ -71,7 +71,7 @@ def chat_stream(c, max_tokens=8):
 class GatewayLoops:
     """Request loops through the gateway on the controller: one plain, one streaming (threads)."""
 
-    def __init__(self, url, key=None, pause=0.2, deadline_s=900):
+    def __init__(self, url, key=None, pause=1.0, deadline_s=900):
         self.url, self.key, self.pause = url, key or api_key(), pause
         self.results = {"plain": [], "stream": []}
         self._stop = threading.Event()
