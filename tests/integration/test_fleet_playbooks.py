@@ -7,10 +7,13 @@ pre-merge PR #22673 branch (GitHub is unreachable here).
 
 Runs in the full lane after scripts/run-sandbox.sh converged the 2-host fleet (FLEET_SANDBOX=1), in
 order, on a copy of inventories/sandbox (the upgrade writes its release file there):
- 1. no-op re-run: changed=0, and --check says so;
+ 1. no-op re-run: changed=0 and at most 20 tasks per host (converged hosts skip the converge), and --check
+    says so;
  2. upgrade PR stand-in -> mainline with a request loop on every host (at every moment one host
     answers; failed requests per host printed); then, with a third (fresh) host added, --check
     completes and predicts its install, site.yml is changed=0 on the two and the third gets mainline;
+ 2b. six kinds of hand-made drift (env file, unit, drop-in, deleted model, stopped instance, switched
+    `current`) are found and repaired by the next site.yml, and the run after is on the no-op path;
  3. a models-only upgrade; 4. --check --diff predicts the real run host by host;
  5. an impossible context on a serving host is refused and the old instance still answers;
  6. a failing upgrade is rolled back on the canary and the rollout stops;
@@ -82,6 +85,10 @@ class Run:
             and e["event_data"].get("host") == host
             and (e["event_data"].get("res") or {}).get("changed")
         )
+
+    def tasks(self, host):
+        """Tasks that ran or were skipped on the host (ok includes changed in Ansible's stats)."""
+        return sum(self.count(k, host) for k in ("ok", "skipped", "failures", "rescued"))
 
     def failures(self):
         return [
@@ -235,15 +242,25 @@ def release(inv):
 # the sequence
 
 
+# The no-op path: a converged host (applied digest matches, nothing drifted) skips the converge.
+NOOP_TASKS_MAX = 20
+
+
 def test_1_noop_rerun_and_check(inv, tmp_path_factory):
     run = ok(play("site.yml", inv, tmp_path_factory), "no-op site.yml")
     TIMES["no-op re-run"] = run.seconds
     for h in HOSTS:
         assert run.changed(h) == 0, (h, run.changed_tasks(h))
+        assert run.tasks(h) <= NOOP_TASKS_MAX, (h, run.tasks(h))
         assert "--spec-type mtp " in env_file(h)  # day one: the PR branch's spelling
+    assert run.hosts_in("Restart llama-server@") == set()
     check = ok(play("site.yml", inv, tmp_path_factory, check=True), "--check")
+    TIMES["no-op --check"] = check.seconds
     for h in HOSTS:
         assert check.changed(h) == 0, (h, check.changed_tasks(h))
+        assert check.tasks(h) <= NOOP_TASKS_MAX, (h, check.tasks(h))
+    tasks = {"site.yml": [run.tasks(h) for h in HOSTS], "--check": [check.tasks(h) for h in HOSTS]}
+    print(f"\ntasks per host on the no-op path: {tasks}")
 
 
 def _add_host(inv, name):
@@ -306,6 +323,44 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         assert health(new) == 200
     finally:
         _remove_host(inv, new)
+
+
+MODEL = "/var/lib/llama-models/sandbox-mtp/sandbox-mtp.gguf"
+
+
+def test_2b_drift_is_found_and_repaired(inv, tmp_path_factory):
+    """What an admin (or an accident) changes by hand on a converged host is found by the next run and put back,
+    and the run after that is on the no-op path again. Six kinds of drift, three on each host, one run."""
+    drifts = {
+        H1: [
+            ["sh", "-c", "echo 'LLAMA_ARG_CTX_SIZE=64' >> /etc/llama-server/main.env"],  # hand-edited env file
+            ["sh", "-c", "sed -i 's/^Restart=.*/Restart=no/' /etc/systemd/system/llama-server@.service"],  # unit
+            ["sh", "-c", "echo 'Nice=19' >> /etc/systemd/system/llama-server@main.service.d/10-llamafleet.conf"],
+        ],
+        H2: [
+            ["rm", "-f", MODEL],  # deleted model file
+            ["systemctl", "stop", "llama-server@main.service"],  # stopped instance
+            ["sh", "-c", 'ln -sfn "$(readlink /opt/llama.cpp/previous)" /opt/llama.cpp/current'],  # switched current
+        ],
+    }
+    before = {h: (env_file(h), build_info(h)["name"]) for h in HOSTS}
+    unit = on_host(H1, "cat", "/etc/systemd/system/llama-server@.service")
+    for host, cmds in drifts.items():
+        for cmd in cmds:
+            on_host(host, *cmd)
+    run = ok(play("site.yml", inv, tmp_path_factory), "site.yml after six kinds of drift")
+    TIMES["site.yml repairing drift on 2 hosts"] = run.seconds
+    assert run.hosts_in("Record the applied state") == set(HOSTS)
+    for h in HOSTS:
+        assert run.changed(h) > 0, h
+        assert (env_file(h), build_info(h)["name"]) == before[h], h
+        assert health(h) == 200
+    assert on_host(H1, "cat", "/etc/systemd/system/llama-server@.service") == unit
+    assert "Nice=19" not in on_host(H1, "cat", "/etc/systemd/system/llama-server@main.service.d/10-llamafleet.conf")
+    assert on_host(H2, "test", "-s", MODEL, check=False) == ""
+    again = ok(play("site.yml", inv, tmp_path_factory), "site.yml after the repairs")
+    for h in HOSTS:
+        assert again.changed(h) == 0 and again.tasks(h) <= NOOP_TASKS_MAX, (h, again.changed_tasks(h), again.tasks(h))
 
 
 def _second_model(name, **kw):
