@@ -4,7 +4,8 @@
 #
 #   sandbox.sh images          build localhost/debian-systemd:12 and :13 once (skipped when present)
 #   sandbox.sh up [N] [SUITE]  start N hosts (default 2) named llama-sandbox-1..N from :SUITE (default 12)
-#                              on the podman network "llamafleet"; idempotent
+#                              on the podman network "llamafleet", and the gateway host llama-sandbox-gateway
+#                              (HAProxy, role llama_gateway; SANDBOX_GATEWAY=0 leaves it out); idempotent
 #   sandbox.sh down            stop and remove the sandbox hosts (the network and images stay)
 #   sandbox.sh status          list the sandbox hosts
 # Env: LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet) keeps image tarballs between runs;
@@ -51,7 +52,9 @@ up() {
   build_image "$rel"
   ensure_network
   mkdir -p "$cache/ccache"   # shared with the hosts: their llama.cpp compiles reuse it
-  for i in $(seq 1 "$n"); do
+  local names; names=$(seq 1 "$n")
+  [ "${SANDBOX_GATEWAY:-1}" = 0 ] || names="$names gateway"
+  for i in $names; do
     local name=$prefix-$i
     if podman container exists "$name"; then
       [ "$(podman inspect -f '{{.State.Running}}' "$name")" = true ] || podman start "$name" >/dev/null
@@ -64,7 +67,7 @@ up() {
       "localhost/debian-systemd:$rel" /lib/systemd/systemd >/dev/null
   done
   # Wait until systemd inside each host is up (running or degraded).
-  for i in $(seq 1 "$n"); do
+  for i in $names; do
     local state=""
     for _ in $(seq 1 60); do
       state=$(podman exec "$prefix-$i" systemctl is-system-running 2>/dev/null || true)

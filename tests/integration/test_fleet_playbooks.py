@@ -20,7 +20,10 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
  7. deliberate restarts never trip systemd's start limit (8 restarts through the role within a minute);
  8. bench --tags autotune on an instance without a pinned draft_n_max, then site.yml passes with the
     tuned value in the env file;
- 9. a host reached as an unprivileged user with sudo (become) converges site.yml and the upgrade.
+ 9. a host reached as an unprivileged user with sudo (become) converges site.yml and the upgrade;
+10. the gateway (role llama_gateway on <prefix>-gateway): a killed instance leaves the pool within the
+    health-check interval and only requests in flight on it fail; a bad API key gets 401; the file_sd
+    targets and both /metrics answer. Test 2 also runs openai clients through the gateway (0 failures).
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from gateway_clients import GatewayLoops, api_key, base_url, client, container_ip, failures, gateway_stat
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLAMA_MTP_CACHE", "/var/cache/llama-mtp-fleet"))
@@ -46,6 +51,7 @@ pytestmark = [
 PREFIX = os.environ.get("SANDBOX_PREFIX", "llama-sandbox")
 HOSTS = (f"{PREFIX}-1", f"{PREFIX}-2")
 H1, H2, H3 = HOSTS[0], HOSTS[1], f"{PREFIX}-3"
+GATEWAY = f"{PREFIX}-gateway"
 MAINLINE = "mainline-0c1e570"
 TIMES: dict[str, float] = {}
 
@@ -161,8 +167,10 @@ out, stop, t_end = [], '/run/llamafleet-loop.stop', time.time() + 900
 while time.time() < t_end and not os.path.exists(stop):
     t = time.time()
     try:
+        key = open('/etc/llama-server/main.key').read().strip() if os.path.exists('/etc/llama-server/main.key') else ''
         req = urllib.request.Request('http://127.0.0.1:8080/completion', method='POST',
-            data=json.dumps({'prompt': 'Hi', 'n_predict': 4}).encode(), headers={'Content-Type': 'application/json'})
+            data=json.dumps({'prompt': 'Hi', 'n_predict': 4}).encode(), headers={'Content-Type': 'application/json',
+            **({'Authorization': 'Bearer ' + key} if key else {})})
         ok = urllib.request.urlopen(req, timeout=10).status == 200
     except Exception:
         ok = False
@@ -271,10 +279,13 @@ def _remove_host(inv, name):
 def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path_factory):
     pids = {h: main_pid(h) for h in HOSTS}
     loops = RequestLoops(HOSTS)
+    via_gateway = GatewayLoops(base_url(GATEWAY))  # the real openai client, plain and streaming
     try:
         run = play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_ref": MAINLINE})
     finally:
-        results = loops.stop()
+        results, gw = loops.stop(), via_gateway.stop()
+    print(f"\nfailed through the gateway during the upgrade: {failures(gw)} (of {[len(r) for r in gw.values()]})")
+    assert failures(gw) == {"plain": 0, "stream": 0}, [r for rows in gw.values() for r in rows if not r[2]][:5]
     ok(run, "upgrade")
     TIMES["upgrade"] = run.seconds
     failed = {h: sum(1 for r in rows if not r[2]) for h, rows in results.items()}
@@ -545,6 +556,59 @@ def test_9_non_root_with_become(tmp_path_factory):
         assert written.stat().st_uid == os.getuid() and release(inv)["llamacpp_mtp_build_ref"] == MAINLINE
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "5", host], capture_output=True)
+
+
+def test_10_gateway_killed_instance_leaves_the_pool_bad_key_401_metrics():
+    """The fleet's one endpoint (role llama_gateway: Debian's HAProxy on <prefix>-gateway, the real openai client).
+    A SIGKILLed instance leaves the pool within the health-check interval (inter 2 s x fall 2 + one interval),
+    only requests in flight on it fail, and it returns after systemd restarts it; a bad key gets 401 from
+    llama-server through the gateway; the file_sd file lists every instance and the gateway, both /metrics answer."""
+    url, server = base_url(GATEWAY), f"{H1}_main"
+    assert all(r["status"] == "UP" for r in gateway_stat(GATEWAY) if r["svname"] in (server, f"{H2}_main"))
+    loops = GatewayLoops(url)
+    try:
+        time.sleep(2)
+        t_kill = time.time()
+        on_host(H1, "systemctl", "kill", "-s", "KILL", "llama-server@main.service")
+        t_down = None
+        while time.time() - t_kill < 30 and t_down is None:
+            if gateway_stat(GATEWAY, server)[0]["status"].startswith("DOWN"):
+                t_down = time.time()
+            time.sleep(0.1)
+        t_up = None
+        while time.time() - t_kill < 120 and t_down and t_up is None:
+            if gateway_stat(GATEWAY, server)[0]["status"] == "UP":
+                t_up = time.time()
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        res = loops.stop()
+    in_flight = sum(1 for rows in res.values() for r in rows if r[0] <= t_kill <= r[1])
+    failed = [r for rows in res.values() for r in rows if not r[2]]
+    assert t_down is not None and t_up is not None, (t_down, t_up)
+    print(
+        f"\nkilled {server}: out of the pool after {t_down - t_kill:.1f} s, back after {t_up - t_kill:.1f} s; "
+        f"failed through the gateway {failures(res)} ({in_flight} in flight at the kill)"
+    )
+    assert t_down - t_kill <= 3 * 2.0 + 0.5
+    assert len(failed) <= in_flight and all(r[0] <= t_kill for r in failed), failed
+    assert sum(len(r) for r in res.values()) > 10
+
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.AuthenticationError):
+        client(url, key="not-the-key").chat.completions.create(
+            model="sandbox", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    assert client(url).models.list().data
+
+    sd = json.loads(on_host(GATEWAY, "cat", "/etc/prometheus/file_sd/llamafleet.json"))
+    targets = {t for group in sd for t in group["targets"]}
+    assert {f"{H1}:8080", f"{H2}:8080", f"{GATEWAY}:8404"} <= targets, targets
+    prom = urllib.request.urlopen(f"http://{container_ip(GATEWAY)}:8404/metrics", timeout=10).read().decode()
+    assert 'haproxy_server_status{proxy="llama",server="' + server + '"' in prom
+    bearer = {"Authorization": f"Bearer {api_key()}"}
+    req = urllib.request.Request(f"http://{container_ip(H1)}:8080/metrics", headers=bearer)
+    assert "llamacpp:" in urllib.request.urlopen(req, timeout=10).read().decode()
 
 
 def test_zz_print_times():

@@ -1,0 +1,152 @@
+"""Final state of the llama_gateway scenario: Debian's HAProxy, hardened, in front of two real llama-server
+instances on the same host; API keys checked at the gateway; runtime API; Prometheus exporter; file_sd.
+
+Real parts: a systemd host in podman, HAProxy from the Debian mirror, the real CPU llama-server build and a
+tiny generated GGUF model (tests/harness/gguf/make_models.py), the real openai client on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+
+KEY = "molecule-gateway-key-3d8e61b0"
+SERVERS = ("llama-gateway-deb12_a", "llama-gateway-deb12_b")
+
+_HTTP = r"""
+import json, sys, urllib.request, urllib.error
+a = json.loads(sys.argv[1])
+data = json.dumps(a["body"]).encode() if a.get("body") is not None else None
+h = dict(a.get("headers") or {}, **({"Content-Type": "application/json"} if data else {}))
+req = urllib.request.Request(a["url"], data=data, headers=h, method="POST" if data else "GET")
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    with opener.open(req, timeout=60) as r:
+        print(json.dumps({"status": r.status, "body": r.read().decode()}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "body": e.read().decode()}))
+"""
+
+_STAT = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall(b"show stat\n"); b = b""
+while True:
+    d = s.recv(65536)
+    if not d: break
+    b += d
+sys.stdout.write(b.decode())
+"""
+
+CHAT = {"model": "tiny-agree", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def http(host, url, body=None, headers=None):
+    arg = {"url": url, "headers": headers, "body": body}
+    return json.loads(host.check_output(f"python3 -c {shlex.quote(_HTTP)} {shlex.quote(json.dumps(arg))}"))
+
+
+def stat(host):
+    lines = host.check_output(f"python3 -c {shlex.quote(_STAT)}").lstrip("# ").splitlines()
+    head = lines[0].split(",")
+    return {
+        r["svname"]: r
+        for r in (dict(zip(head, line.split(","), strict=False)) for line in lines[1:])
+        if r.get("pxname") == "llama"
+    }
+
+
+def test_haproxy_from_debian_running_enabled_config_valid(host):
+    assert host.package("haproxy").is_installed
+    svc = host.service("haproxy")
+    assert svc.is_running and svc.is_enabled
+    host.run_expect([0], "haproxy -c -q -f /etc/haproxy/haproxy.cfg")
+    cfg = host.file("/etc/haproxy/haproxy.cfg").content_string
+    assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg and "retry-on conn-failure" in cfg
+    assert "timeout server 600s" in cfg
+
+
+def test_hardening_drop_in_is_in_effect(host):
+    show = host.check_output("systemctl show haproxy -p NoNewPrivileges -p ProtectSystem -p ProtectHome -p PrivateTmp")
+    assert "NoNewPrivileges=yes" in show and "ProtectSystem=full" in show
+    assert "ProtectHome=yes" in show and "PrivateTmp=yes" in show
+
+
+def test_runtime_socket_root_and_haproxy_only(host):
+    sock = host.file("/run/haproxy/admin.sock")
+    assert sock.is_socket and sock.mode == 0o660 and sock.group == "haproxy"
+
+
+def test_keys_root_haproxy_0640_and_never_in_the_config(host):
+    for name in ("bearer.lst", "keys.lst"):
+        f = host.file(f"/etc/haproxy/llama-keys/{name}")
+        assert f.user == "root" and f.group == "haproxy" and f.mode == 0o640
+        assert KEY in f.content_string
+    assert KEY not in host.file("/etc/haproxy/haproxy.cfg").content_string
+
+
+def test_both_instances_up_and_back_after_the_drain(host):
+    rows = stat(host)
+    assert {s: rows[s]["status"] for s in SERVERS} == {s: "UP" for s in SERVERS}
+
+
+def test_drain_recorded_no_session_left(host):
+    record = json.loads(host.file("/root/drain-record.json").content_string)
+    assert record == [
+        {"server": "llama-gateway-deb12_a", "gateways": ["llama-gateway-deb12"], "timed_out": [], "sessions_left": 0}
+    ]
+
+
+def test_completion_through_the_gateway_with_the_key(host):
+    r = http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, {"Authorization": f"Bearer {KEY}"})
+    assert r["status"] == 200 and json.loads(r["body"])["usage"]["completion_tokens"] > 0
+    r = http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, {"X-Api-Key": KEY})
+    assert r["status"] == 200
+
+
+@pytest.mark.parametrize("headers", [None, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}])
+def test_missing_or_bad_key_gets_401_from_the_gateway(host, headers):
+    r = http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, headers)
+    assert r["status"] == 401 and json.loads(r["body"])["error"]["type"] == "authentication_error"
+
+
+def test_health_is_public(host):
+    assert http(host, "http://127.0.0.1:8000/health")["status"] == 200
+
+
+def test_requests_go_to_both_instances(host):
+    before = {s: int(r["stot"]) for s, r in stat(host).items() if s in SERVERS}
+    for _ in range(6):
+        http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, {"Authorization": f"Bearer {KEY}"})
+    after = {s: int(r["stot"]) for s, r in stat(host).items() if s in SERVERS}
+    assert all(after[s] > before[s] for s in SERVERS), (before, after)
+
+
+def test_prometheus_exporter_and_file_sd(host):
+    prom = http(host, "http://127.0.0.1:8404/metrics")
+    assert prom["status"] == 200
+    assert 'haproxy_server_status{proxy="llama",server="llama-gateway-deb12_a"' in prom["body"]
+    sd = json.loads(host.file("/etc/prometheus/file_sd/llamafleet.json").content_string)
+    targets = {t: g["labels"]["job"] for g in sd for t in g["targets"]}
+    assert targets == {
+        "llama-gateway-deb12:8404": "llama-gateway",
+        "127.0.0.1:8081": "llama-server",
+        "127.0.0.1:8082": "llama-server",
+    }
+
+
+def test_openai_client_from_the_controller(host):
+    openai = pytest.importorskip("openai")
+    ip = subprocess.run(
+        ["podman", "inspect", host.backend.name, "--format", "{{.NetworkSettings.IPAddress}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    c = openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key=KEY, timeout=60, max_retries=0)
+    chunks = list(c.chat.completions.create(stream=True, **CHAT))
+    assert any(ch.choices and ch.choices[0].delta.content for ch in chunks)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key="wrong", max_retries=0).models.list()
