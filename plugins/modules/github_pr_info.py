@@ -34,9 +34,15 @@ options:
     type: str
     required: true
   number:
-    description: The pull request number.
+    description: The pull request number. Exactly one of I(number) and I(ref).
     type: int
-    required: true
+  ref:
+    description:
+      - A declared llama.cpp ref (the fleet's pin, C(llamacpp_mtp_build_ref)). When it names a pull request
+        (C(pull/N), C(refs/pull/N/head), C(#N)) that one is read; otherwise nothing is requested and I(number) is
+        returned null. With I(ref) the result also says what a follower does (I(follow)), and a pull request
+        closed without merging is a warning.
+    type: str
   token:
     description:
       - A GitHub token (sent as C(Authorization Bearer)); optional for public repositories (60 unauthenticated
@@ -121,7 +127,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 number:
-  description: The pull request number.
+  description: The pull request number (null when I(ref) names none).
   returned: unless rate limited
   type: int
 state:
@@ -171,12 +177,21 @@ rate_limited:
   description: The API answered with a rate limit; nothing else is returned and nothing was changed.
   returned: always
   type: bool
+follow:
+  description:
+    - With I(ref) - what a follower does. I(action) C(none) (the ref names no pull request, it is open, or merged
+      but in no release yet), C(warn) (closed without merging) or C(upgrade) (merged, I(ref) - the release to
+      move the pin to); I(msg) one line.
+  returned: with I(ref), unless rate limited
+  type: dict
+  sample: {"action": "upgrade", "ref": "b9180", "msg": "ggml-org/llama.cpp#22673 merged ... upgrading the fleet"}
 msg:
   description: One line - what the pull request's state is, or the rate-limit line with its reset time.
   returned: always
   type: str
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -188,8 +203,10 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.github_pr import (
     DEFAULT_TAG_PATTERN,
     GitHubAnswerError,
     compare_contains,
+    decide,
     first_release,
     git_tags_containing,
+    pr_of_ref,
     pull_summary,
     rate_limit_line,
     release_tags,
@@ -247,10 +264,8 @@ class Client:
         if line:
             raise RateLimited(line)
         detail = info.get("msg") or ""
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(raw).get("message") or detail
-        except (ValueError, AttributeError):
-            pass
         raise GitHubAnswerError(f"GET {self.api}{path}: HTTP {status} {detail}".strip())
 
 
@@ -329,7 +344,8 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             repo=dict(type="str", required=True),
-            number=dict(type="int", required=True),
+            number=dict(type="int"),
+            ref=dict(type="str"),
             token=dict(type="str", no_log=True, fallback=(env_fallback, ["GITHUB_TOKEN"])),
             api_url=dict(type="str", default="https://api.github.com"),
             release_from=dict(type="str", choices=["api", "git", "none"], default="api"),
@@ -342,15 +358,28 @@ def main() -> None:
             validate_certs=dict(type="bool", default=True),
         ),
         required_if=[("release_from", "git", ("git_dir",))],
+        required_one_of=[("number", "ref")],
+        mutually_exclusive=[("number", "ref")],
         supports_check_mode=True,
     )
     p = module.params
     repo = p["repo"].strip("/")
     if repo.count("/") != 1:
         module.fail_json(msg=f"repo must be owner/name, got {repo!r}")
-    cache_path = os.path.join(
-        os.path.expanduser(p["cache_dir"]), f"{repo.replace('/', '_')}_pull_{p['number']}.json"
-    )
+    if p["ref"] is not None:
+        p["number"] = pr_of_ref(p["ref"])
+        if p["number"] is None:
+            follow = decide(p["ref"], None, None, repo)
+            module.exit_json(
+                changed=False,
+                rate_limited=False,
+                number=None,
+                follow=follow,
+                msg=follow["msg"],
+                requests=0,
+                not_modified=0,
+            )
+    cache_path = os.path.join(os.path.expanduser(p["cache_dir"]), f"{repo.replace('/', '_')}_pull_{p['number']}.json")
     cache = load_cache(cache_path)
     cache.setdefault("contains", {})
     client = Client(module, cache)
@@ -389,7 +418,13 @@ def main() -> None:
         msg = f"{where} merged {pull['merged_at']} ({sha}); first release: {release or 'none yet'}"
     else:
         msg = f"{where} is {pull['state']} (head {pull['head_sha']})"
-    module.exit_json(changed=False, rate_limited=False, release=release, msg=msg, **pull, **counts())
+    result = dict(changed=False, rate_limited=False, release=release, msg=msg, **pull, **counts())
+    if p["ref"] is not None:
+        result["follow"] = decide(p["ref"], pull, release, repo)
+        result["msg"] = result["follow"]["msg"]
+        if result["follow"]["action"] == "warn":
+            module.warn(result["msg"])
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -207,9 +207,7 @@ class Handler(BaseHTTPRequestHandler):
             return None
         counts = _git(g, "rev-list", "--left-right", "--count", f"{b}...{h}") or "0\t0"
         behind, ahead = (int(x) for x in counts.split())
-        status = (
-            "identical" if b == h else "ahead" if behind == 0 else "behind" if ahead == 0 else "diverged"
-        )
+        status = "identical" if b == h else "ahead" if behind == 0 else "behind" if ahead == 0 else "diverged"
         return {
             "status": status,
             "ahead_by": ahead,

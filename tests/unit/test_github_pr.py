@@ -234,3 +234,23 @@ def test_module_check_mode_writes_no_cache(github, tmp_path):
     assert res["state"] == "open" and not (tmp_path / "cache").exists()
     missing = run_module("github_pr_info", {**_args(server, tmp_path), "number": 1})
     assert missing.get("failed") and "HTTP 404 Not Found" in missing["msg"]
+
+
+@needs_ansible
+def test_module_with_the_pin(github, tmp_path):
+    server, set_state, shas, _ = github
+    args = _args(server, tmp_path)
+    del args["number"]
+    set_state({"state": "closed", "closed_at": "2026-05-15T10:00:00Z"})
+    closed = run_module("github_pr_info", {**args, "ref": "pull/22673"})
+    assert closed["follow"]["action"] == "warn" and closed["warnings"] == [closed["msg"]]
+    n = len(server.requests)
+    release_pin = run_module("github_pr_info", {**args, "ref": "b9180"})
+    assert release_pin["number"] is None and release_pin["requests"] == 0 and len(server.requests) == n
+    assert release_pin["follow"] == {"action": "none", "msg": "the pin b9180 names no pull request: nothing to follow"}
+    merged = {"state": "closed", "merged": True, "merged_at": "2026-05-16T09:00:00Z", "merge_commit_sha": shas["merge"]}
+    set_state(merged, [f"b{n}" for n in range(1, 41)])
+    up = run_module("github_pr_info", {**args, "ref": "pull/22673"})
+    assert up["follow"]["action"] == "upgrade" and up["follow"]["ref"] == "b21" and up["release"] == "b21"
+    both = run_module("github_pr_info", {**args, "ref": "pull/1", "number": 1})
+    assert both.get("failed") and "mutually exclusive" in both["msg"]
