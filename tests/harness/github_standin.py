@@ -125,8 +125,7 @@ class Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         if state.get("tokens") and auth and auth.split(" ", 1)[-1] not in state["tokens"]:
             return self._send(401, {"message": "Bad credentials", "documentation_url": DOCS, "status": "401"})
-        if state.get("rate_limited") or srv.used >= srv.limit:
-            srv.used = srv.limit
+        if state.get("rate_limited") or srv.used >= srv.limit:  # the flag: this answer only, the count stays
             return self._send(
                 403,
                 {
@@ -134,6 +133,7 @@ class Handler(BaseHTTPRequestHandler):
                     "requests get a higher rate limit. Check out the documentation for more details.)",
                     "documentation_url": DOCS + "/overview/resources-in-the-rest-api#rate-limiting",
                 },
+                {"X-RateLimit-Remaining": "0", "X-RateLimit-Used": str(srv.limit)},
             )
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
