@@ -379,7 +379,7 @@ def main() -> None:
                 requests=0,
                 not_modified=0,
             )
-    cache_path = os.path.join(os.path.expanduser(p["cache_dir"]), f"{repo.replace('/', '_')}_pull_{p['number']}.json")
+    cache_path = os.path.join(p["cache_dir"], f"{repo.replace('/', '_')}_pull_{p['number']}.json")
     cache = load_cache(cache_path)
     cache.setdefault("contains", {})
     client = Client(module, cache)

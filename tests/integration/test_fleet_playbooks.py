@@ -288,6 +288,7 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         TIMES["upgrade (follow-pr.yml)"] = run.seconds
         served = github_follow.last_host_served(run, HOSTS)
         TIMES["merge visible -> last host serving the release"] = served - gh.flipped_at
+        print(f"\nmerge visible -> last host serving {RELEASE}: {served - gh.flipped_at:.0f} s")
         again = ok(play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars), "follow-pr again")
         assert all(again.changed(h) == 0 for h in HOSTS) and github_follow.module_result(again)["requests"] == 0
     finally:
