@@ -279,7 +279,7 @@ def release_by_api(client, repo, merge_sha, pattern, max_pages, known):
             if tag_sha.get(tag) == merge_sha:
                 contains_memo[tag] = True
             else:
-                body, _ = client.get(f"/repos/{repo}/compare/{merge_sha}...{tag}", store=False)
+                body = client.get(f"/repos/{repo}/compare/{merge_sha}...{tag}", store=False)[0]
                 contains_memo[tag] = compare_contains(body)
         return contains_memo[tag]
 
@@ -303,7 +303,7 @@ def release_by_git(module, merge_sha, pattern):
     git = module.get_bin_path("git", required=True)
     git_dir = module.params["git_dir"]
     if module.params["git_fetch"] and not module.check_mode:
-        rc, _, err = module.run_command([git, "--git-dir", git_dir, "fetch", "--quiet", "--tags"])
+        rc, dummy, err = module.run_command([git, "--git-dir", git_dir, "fetch", "--quiet", "--tags"])
         if rc != 0:
             raise GitHubAnswerError(f"git fetch --tags in {git_dir} failed: {err.strip()}")
     rc, out, err = module.run_command([git, "--git-dir", git_dir, "tag", "--contains", merge_sha])
@@ -383,9 +383,12 @@ def main() -> None:
     cache = load_cache(cache_path)
     cache.setdefault("contains", {})
     client = Client(module, cache)
-    counts = lambda: {"requests": client.requests, "not_modified": client.not_modified}  # noqa: E731
+
+    def counts():
+        return {"requests": client.requests, "not_modified": client.not_modified}
+
     try:
-        body, _ = client.get(f"/repos/{repo}/pulls/{p['number']}")
+        body = client.get(f"/repos/{repo}/pulls/{p['number']}")[0]
         pull = pull_summary(body)
         release = None
         sha = pull["merge_commit_sha"]
