@@ -16,6 +16,9 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances imp
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Volatile GPU readings: not part of what a host is declared to run.
 GPU_VOLATILE = ("memory_used_mib", "memory_free_mib")
+# Role options the converge sets from the declared state itself (already in the digest as resolved values);
+# the inventory's raw pin must not count twice (after an upgrade it names the same ref the upgrade applied).
+DECLARED_VARS = ("llamacpp_mtp_build_ref", "model_fetch_models", "llama_server_systemd_instances")
 _CACHE: dict = {}
 
 
@@ -82,7 +85,7 @@ class ActionModule(ActionBase):
     def _role_vars(self, task_vars):
         out = {}
         for name in role_inputs():
-            if name in task_vars:
+            if name in task_vars and name not in DECLARED_VARS:
                 try:
                     out[name] = self._templar.template(task_vars[name])
                 except Exception:  # noqa: BLE001  # pylint: disable=broad-except  # unrenderable: hash as written

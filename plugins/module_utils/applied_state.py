@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # MIT License (see LICENSE)
 """The applied-state record: what the last successful converge left on a host, and how it drifted.
 

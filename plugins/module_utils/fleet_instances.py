@@ -363,7 +363,9 @@ def memory_problems(host, needs, mem_available_bytes, held_bytes):
 
 def ref_order(ref):
     """A sortable position for refs whose order is known: a PR branch (pull/N) is before every release
-    tag (bN); release tags sort by number. None for refs whose order is unknown (branches, shas)."""
+    tag (bN) and every mainline build; release tags sort by number. None for refs whose order is unknown
+    (branches, shas). A mainline build and a release tag are not ordered (downgrade_problem): which is
+    newer depends on when each was cut, and both may name one commit (a build cached under either ref)."""
     r = str(ref or "").strip()
     m = re.match(r"^(?:refs/)?pull/(\d+)(?:/head)?$", r) or re.match(r"^(\d+)$", r)
     if m:
@@ -384,7 +386,7 @@ def downgrade_problem(host, running, declared_ref, allow=False):
     if not running_ref or str(running_ref) == str(declared_ref):
         return None
     a, b = ref_order(running_ref), ref_order(declared_ref)
-    if a is None or b is None or a[0] == 0 and b[0] == 0 or not b < a:
+    if a is None or b is None or a[0] == 0 and b[0] == 0 or {a[0], b[0]} == {1, 2} or not b < a:
         return None
     return (
         f"{where(host)}, field 'llamacpp_mtp_build_ref': the host runs build {running.get('name')} "

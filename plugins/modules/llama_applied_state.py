@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # MIT License (see LICENSE)
 """Ansible module llamafleet.mtp.llama_applied_state: record what a successful converge left on a host."""
 
@@ -21,9 +20,10 @@ description:
     (drift); a host whose digest matches, with no drift and every instance active and healthy, skips the converge.
     Anything that drifted (a hand-edited environment file, unit or drop-in, a deleted model, a stopped instance, a
     switched C(current) link) sends the host through the full converge, which repairs it.
-  - The record is the converge's own bookkeeping, not managed state (like P(llamafleet.mtp.llama_server_snapshot#module)),
-    so it never reports a change - a converge that changed nothing stays C(changed=0), and C(--check) predicts it
-    exactly. RV(updated) says whether the record was (or, in check mode, would be) rewritten with a new digest or scan.
+  - The record is the converge's own bookkeeping, not managed state (like
+    P(llamafleet.mtp.llama_server_snapshot#module)), so it never reports a change - a converge that changed
+    nothing stays C(changed=0), and C(--check) predicts it exactly. RV(updated) says whether the record was
+    (or, in check mode, would be) rewritten with a new digest or scan.
 author:
   - llamafleet maintainers (!UNKNOWN)
 options:

@@ -9,9 +9,11 @@ Runs in the full lane after scripts/run-sandbox.sh converged the 2-host fleet (F
 order, on a copy of inventories/sandbox (the upgrade writes its release file there):
  1. no-op re-run: changed=0 and at most 20 tasks per host (converged hosts skip the converge), and --check
     says so;
- 2. upgrade PR stand-in -> mainline with a request loop on every host (at every moment one host
-    answers; failed requests per host printed); then, with a third (fresh) host added, --check
-    completes and predicts its install, site.yml is changed=0 on the two and the third gets mainline;
+ 2. the PR follower (follow-pr.yml, GitHub stand-in): PR open, rate limited, closed unmerged change
+    nothing; merged with release b9180 upgrades PR stand-in -> b9180 (mainline) with a request loop on
+    every host (at every moment one host answers; failed requests per host printed) and the openai client
+    through the gateway (0 failed), a second run is a no-op; then, with a third (fresh) host added, --check
+    completes and predicts its install, site.yml is changed=0 on the two and the third gets the release;
  2b. six kinds of hand-made drift (env file, unit, drop-in, deleted model, stopped instance, switched
     `current`) are found and repaired by the next site.yml, and the run after is on the no-op path;
  3. a models-only upgrade; 4. --check --diff predicts the real run host by host;
@@ -41,6 +43,8 @@ import pytest
 import yaml
 from gateway_clients import GatewayLoops, api_key, base_url, client, container_ip, failures, gateway_stat
 
+from tests.integration import github_follow
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("LLAMA_MTP_CACHE", "/var/cache/llama-mtp-fleet"))
 pytestmark = [
@@ -53,6 +57,7 @@ HOSTS = (f"{PREFIX}-1", f"{PREFIX}-2")
 H1, H2, H3 = HOSTS[0], HOSTS[1], f"{PREFIX}-3"
 GATEWAY = f"{PREFIX}-gateway"
 MAINLINE = "mainline-0c1e570"
+RELEASE = github_follow.RELEASE  # the first release with the PR's merge (the mirror's tag on the mainline commit)
 TIMES: dict[str, float] = {}
 
 
@@ -277,17 +282,45 @@ def _remove_host(inv, name):
 
 
 def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path_factory):
-    pids = {h: main_pid(h) for h in HOSTS}
-    loops = RequestLoops(HOSTS)
-    via_gateway = GatewayLoops(base_url(GATEWAY))  # the real openai client, plain and streaming
+    gh = github_follow.GitHub(tmp_path_factory.mktemp("github"), CACHE / "git" / "llama.cpp.git")
     try:
-        run = play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_ref": MAINLINE})
+        # open (twice: the second is an idle poll), rate limited, closed unmerged: nothing changes, no host contacted
+        for i, state in enumerate(("open", "open", "rate_limited", "closed")):
+            gh.set(state)
+            n = len(gh.server.requests)
+            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars)
+            github_follow.assert_nothing_changed(run, HOSTS, lambda: release(inv)["llamacpp_mtp_build_ref"])
+            res, reqs = github_follow.module_result(run), gh.requests_since(n)
+            warnings = github_follow.warnings(run)
+            print(f"\nfollow-pr, PR {state}: {res['msg']!r}; GitHub requests {reqs}; warnings {warnings}")
+            if state == "rate_limited":
+                assert res["rate_limited"] and warnings == [res["msg"]] and "resets at" in res["msg"]
+            elif state == "closed":
+                assert warnings == [res["msg"]] and "closed without merging" in res["msg"]
+            else:
+                assert warnings == [] and res["follow"]["action"] == "none" and res["state"] == "open"
+            if i == 1:
+                assert [status for _, status in reqs] == [304], reqs  # an idle poll: one conditional request
+        # merged, release b9180 on the mirror: the follower upgrades the fleet, serving throughout
+        pids = {h: main_pid(h) for h in HOSTS}
+        loops = RequestLoops(HOSTS)
+        via_gateway = GatewayLoops(base_url(GATEWAY))  # the real openai client, plain and streaming
+        try:
+            gh.set("merged")
+            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars)
+        finally:
+            results, gw = loops.stop(), via_gateway.stop()
+        print(f"\nfailed through the gateway during the upgrade: {failures(gw)} (of {[len(r) for r in gw.values()]})")
+        assert failures(gw) == {"plain": 0, "stream": 0}, [r for rows in gw.values() for r in rows if not r[2]][:5]
+        ok(run, "follow-pr (merged: the upgrade)")
+        TIMES["upgrade (follow-pr.yml)"] = run.seconds
+        served = github_follow.last_host_served(run, HOSTS)
+        TIMES["merge visible -> last host serving the release"] = served - gh.flipped_at
+        print(f"\nmerge visible -> last host serving {RELEASE}: {served - gh.flipped_at:.0f} s")
+        again = ok(play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars), "follow-pr again")
+        assert all(again.changed(h) == 0 for h in HOSTS) and github_follow.module_result(again)["requests"] == 0
     finally:
-        results, gw = loops.stop(), via_gateway.stop()
-    print(f"\nfailed through the gateway during the upgrade: {failures(gw)} (of {[len(r) for r in gw.values()]})")
-    assert failures(gw) == {"plain": 0, "stream": 0}, [r for rows in gw.values() for r in rows if not r[2]][:5]
-    ok(run, "upgrade")
-    TIMES["upgrade"] = run.seconds
+        gh.stop()
     failed = {h: sum(1 for r in rows if not r[2]) for h, rows in results.items()}
     print(f"\nfailed requests per host during the upgrade: {failed} (of {[len(r) for r in results.values()]})")
     assert no_moment_without_an_answer(results) == []
@@ -297,9 +330,10 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         assert health(h) == 200
     assert run.hosts_in("Restart llama-server@main.service") == set(HOSTS)
     rel = release(inv)
-    assert rel["llamacpp_mtp_build_ref"] == MAINLINE
+    assert rel["llamacpp_mtp_build_ref"] == RELEASE
     header = (inv / "group_vars" / "all" / "llamafleet_release.yml").read_text()
     assert "Written by playbooks/upgrade.yml" in header and "pull/22673" in header  # the previous value
+    assert "Followed ggml-org/llama.cpp#22673" in header
 
     # The upgrade persisted: the everyday command changes nothing on the fleet, its --check says so,
     # and a host that joins now gets the upgraded build. The joining host is fresh (no python3-apt, no
@@ -319,7 +353,7 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
             assert check.changed(h) == 0, (h, check.changed_tasks(h))
             assert again.changed(h) == 0, (h, again.changed_tasks(h))
             assert "--spec-type draft-mtp" in env_file(h)
-        assert build_info(new)["ref"] == MAINLINE and "--spec-type draft-mtp" in env_file(new)
+        assert build_info(new)["commit"] == build_info(H1)["commit"] and "--spec-type draft-mtp" in env_file(new)
         assert health(new) == 200
     finally:
         _remove_host(inv, new)
@@ -388,7 +422,7 @@ def test_3_models_only_upgrade(inv, tmp_path_factory):
     for h in HOSTS:
         assert "/sandbox-mtp-v2/sandbox-mtp-v2.gguf" in env_file(h) and health(h) == 200
     assert release(inv)["llamafleet_release_models"] == {"main": "sandbox-mtp-v2"}
-    assert release(inv)["llamacpp_mtp_build_ref"] == MAINLINE
+    assert release(inv)["llamacpp_mtp_build_ref"] == RELEASE
     # (test_5's --check then starts from this state and must show only what the next change does)
 
 

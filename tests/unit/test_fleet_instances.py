@@ -96,6 +96,9 @@ def test_templated_strings_are_coerced():
         ("b9180", "pull/22673", True),
         ("b9180", "feature-branch", False),  # unknown order: not refused
         ("pull/1", "pull/2", False),  # two PR branches: unknown order
+        ("mainline-0c1e570", "b9180", False),  # mainline vs a release: unknown order (may be one commit)
+        ("b9180", "mainline-0c1e570", False),
+        ("b9180", "pull/22673", True),
     ],
 )
 def test_downgrade_rule(running, declared, refused):

@@ -9,6 +9,11 @@
 #
 # Refs in the mirror:
 #   master, tag mainline-0c1e570      the mainline tree (MTP spelled `draft-mtp`)
+#   tag b9180                         STAND-IN for the first release tag that contains the merge of PR
+#                                     #22673 (upstream b9180, 2026-05-16): on the mainline commit, so the
+#                                     fleet follower (playbooks/follow-pr.yml) finds it with `git tag
+#                                     --contains` or the GitHub stand-in (tests/harness/github_standin.py).
+#                                     Upstream's b9180 is an older commit than 0c1e570; here both name one.
 #   pr-22673, refs/pull/22673/head    STAND-IN for the pre-merge head of PR ggml-org/llama.cpp#22673:
 #                                     one small patch commit (pr22673-standin.patch) on top of the
 #                                     mainline tree that spells the type `mtp`, rejects `draft-mtp`,
@@ -74,6 +79,9 @@ if [ ! -f "$mirror/git-daemon-export-ok" ]; then
   rm -rf "$mirror" "$mirror.tmp"
   make_mirror
 fi
+# The release tag of the merge (added to mirrors made before it existed; a lightweight tag, as llama.cpp's).
+git --git-dir="$mirror" rev-parse -q --verify refs/tags/b9180 >/dev/null \
+  || git --git-dir="$mirror" update-ref refs/tags/b9180 refs/heads/master
 
 case "${1:-}" in
   serve)
