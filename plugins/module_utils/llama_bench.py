@@ -120,7 +120,7 @@ def table(result: dict) -> list:
     """Human-readable lines (one per configuration); the roofline columns when the result has them."""
     roof = "bandwidth_bytes_per_s" in result
     head = f"{'config':<14}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"
-    lines = [head + (f"{'GB/token':>10}{'eff %':>8}" if roof else "")]
+    lines = [head + (f"{'MB/token':>10}{'eff %':>8}" if roof else "")]
     for r in result["rows"]:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         line = (
@@ -129,7 +129,7 @@ def table(result: dict) -> list:
         )
         if roof:
             eff = "-" if r.get("efficiency_pct") is None else f"{r['efficiency_pct']:.1f}"
-            line += f"{r['bytes_per_token'] / 1e9:>10.3f}{eff:>8}"
+            line += f"{r['bytes_per_token'] / 1e6:>10.1f}{eff:>8}"
         lines.append(line)
     best = result.get("best_draft_n_max")
     lines.append(f"best draft-n-max: {best}" if best is not None else "MTP did not beat the baseline here")
@@ -137,7 +137,7 @@ def table(result: dict) -> list:
         bw = result["bandwidth_bytes_per_s"]
         lines.append(
             f"bandwidth: {'unknown' if not bw else f'{bw / 1e9:.1f} GB/s'} ({result.get('bandwidth_source') or '-'}); "
-            f"decode step reads {result['decode_bytes']['token'] / 1e9:.3f} GB"
+            f"decode step reads {result['decode_bytes']['token'] / 1e6:.1f} MB"
             + (f", plain-decode limit {bw / result['decode_bytes']['token']:.1f} tok/s" if bw else "")
         )
     return lines

@@ -116,8 +116,8 @@ def test_add_roofline_and_table_columns():
     assert res["efficiency_pct"] == res["rows"][0]["efficiency_pct"] == pytest.approx(33.3, abs=0.1)
     lines = lb.table(res)
     assert "eff %" in lines[0] and "33.3" in lines[1]
-    assert lines[-1].startswith("bandwidth: 900.0 GB/s (spec (Tesla V100)); decode step reads 10.000 GB")
-    assert "GB/token" not in lb.table(lb.compare([dict(r) for r in rows]))[0]  # without the roofline: as before
+    assert lines[-1].startswith("bandwidth: 900.0 GB/s (spec (Tesla V100)); decode step reads 10000.0 MB")
+    assert "MB/token" not in lb.table(lb.compare([dict(r) for r in rows]))[0]  # without the roofline: as before
 
 
 def test_sweep_configs_per_kind():
