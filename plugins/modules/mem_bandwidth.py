@@ -17,7 +17,7 @@ description:
     data-sheet peak bandwidths (C(plugins/module_utils/roofline.py), sources in docs/measurements.md)
     and reports the slowest of them, marked C(spec). A GPU missing from the table gives a null
     bandwidth and its name in C(unknown), not an error.
-  - For an instance on CPUs, measures on the host: one process pinned per CPU of O(numa_node) (all
+  - For an instance on CPUs, measures on the host - one process pinned per CPU of O(numa_node) (all
     CPUs this process may use when unset) copies a buffer into another (memmove) and scans it
     (memchr), all at once, best of O(rounds). Buffers are sized from the last-level cache so memory,
     not cache, is measured. Takes a few seconds and about 2 x buffer x CPUs of memory.
