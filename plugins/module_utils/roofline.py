@@ -178,7 +178,7 @@ def _worker(cpu, size, iters, barrier, conn):  # pragma: no cover - runs in a ch
         for kind in ("copy", "read"):
             barrier.wait()
             t0 = time.perf_counter()
-            for _ in range(iters):
+            for _dummy in range(iters):
                 if kind == "copy":
                     mdst[:] = msrc  # memmove
                 elif src.find(b"\x02") != -1:  # memchr over the whole buffer
@@ -206,7 +206,7 @@ def measure_cpu_bandwidth(cpus: list, size_mib: int = 128, iters: int = 3, round
     ctx = multiprocessing.get_context("fork")
     size = size_mib * 2**20
     results = {"copy": [], "read": []}
-    for _ in range(rounds):
+    for _dummy in range(rounds):
         barrier = ctx.Barrier(len(cpus))
         procs, pipes = [], []
         for c in cpus:
