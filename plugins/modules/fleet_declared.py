@@ -50,6 +50,20 @@ options:
     description: Accept a declared ref older than the running build (C(llamafleet_allow_downgrade)).
     type: bool
     default: false
+  applied:
+    description:
+      - What the host's last successful converge recorded (C(llama_host_state.applied)), with its drift. When its
+        digest equals this run's and nothing drifted, RV(converged) is true and the fleet playbooks skip the converge
+        for the host.
+    type: dict
+  full_converge:
+    description: Treat the host as not converged whatever its record says (C(llamafleet_full_converge)).
+    type: bool
+    default: false
+  inputs:
+    description: More inputs of the declared state to fold into RV(digest).
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.controller_action
 """
@@ -80,6 +94,22 @@ models:
   returned: success
   type: list
   elements: dict
+digest:
+  description: >-
+    sha256 of what decides what the host runs - the resolved state above, every role variable the inventory sets
+    (the options in the roles' C(meta/argument_specs.yml), templated), the collection's roles, plugins and playbooks,
+    the GPUs (without their free and used memory) and the host's total memory.
+  returned: success
+  type: str
+converged:
+  description: The host's record has this RV(digest) and nothing drifted since.
+  returned: success
+  type: bool
+drift:
+  description: Why the host is not converged (empty when it is).
+  returned: success
+  type: list
+  elements: str
 problems:
   description: Every problem found, each naming the host, the instance and the field.
   returned: failure

@@ -28,6 +28,21 @@ options:
     description: The llama_server_systemd role's configuration directory (one C(<name>.env) per instance).
     type: path
     default: /etc/llama-server
+  unit_dir:
+    description: The systemd unit directory holding C(llama-server@.service) and its drop-ins.
+    type: path
+    default: /etc/systemd/system
+  applied_path:
+    description:
+      - The record the last successful converge wrote (P(llamafleet.mtp.llama_applied_state#module)). When it exists,
+        the host is scanned again and every difference is reported in RV(ansible_facts.llama_host_state.applied.drift),
+        with each recorded instance that is not active or does not answer C(/health) with 200.
+    type: path
+    default: /var/lib/llamafleet/applied.json
+  health_timeout:
+    description: Seconds to wait for each recorded instance's C(/health).
+    type: float
+    default: 3
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.read_only
 """
@@ -77,6 +92,11 @@ ansible_facts:
         python_apt:
           description: Whether the Python that runs modules can import apt (python3-apt).
           type: bool
+        applied:
+          description: >-
+            What the last successful converge recorded (C(digest), C(facts), C(instances), C(written)) and C(drift),
+            every difference found now (empty when the host is as the converge left it); null without a record.
+          type: dict
 """
 
 import glob
@@ -84,6 +104,8 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import drift, record_paths, scan
 
 
 def _meminfo():
@@ -127,11 +149,47 @@ def _python_apt():
         return False
 
 
+def _health(url, timeout):
+    try:
+        return open_url(url, timeout=timeout, validate_certs=False).getcode()
+    except Exception as e:  # noqa: BLE001  # pylint: disable=broad-except  # any failure means not healthy
+        return getattr(e, "code", None) or str(e).splitlines()[0][:120]
+
+
+def _applied(p, instances):
+    try:
+        with open(p["applied_path"]) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    now = scan(p["config_dir"], p["unit_dir"], p["install_root"], record_paths(record))
+    problems = drift(record.get("scan"), now)
+    for inst in record.get("instances") or []:
+        name = inst.get("name")
+        state = (instances.get(name) or {}).get("active_state")
+        if state != "active":
+            problems.append(f"instance {name} is {state or 'not configured'}")
+        elif inst.get("health_url") or inst.get("url"):
+            code = _health(inst.get("health_url") or inst["url"].rstrip("/") + "/health", p["health_timeout"])
+            if code != 200:
+                problems.append(f"instance {name} /health answered {code}")
+    return {
+        "digest": record.get("digest"),
+        "facts": record.get("facts") or {},
+        "instances": record.get("instances") or [],
+        "written": record.get("written"),
+        "drift": problems,
+    }
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "install_root": {"type": "path", "default": "/opt/llama.cpp"},
             "config_dir": {"type": "path", "default": "/etc/llama-server"},
+            "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
+            "applied_path": {"type": "path", "default": "/var/lib/llamafleet/applied.json"},
+            "health_timeout": {"type": "float", "default": 3},
         },
         supports_check_mode=True,
     )
@@ -180,6 +238,7 @@ def main():
         "mem_total_bytes": mem.get("MemTotal"),
         "python_apt": _python_apt(),
     }
+    facts["applied"] = _applied(module.params, instances)
     module.exit_json(changed=False, ansible_facts={"llama_host_state": facts})
 
 

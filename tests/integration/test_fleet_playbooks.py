@@ -77,6 +77,10 @@ class Run:
             and (e["event_data"].get("res") or {}).get("changed")
         )
 
+    def tasks(self, host):
+        """Tasks that ran or were skipped on the host (ok includes changed in Ansible's stats)."""
+        return sum(self.count(k, host) for k in ("ok", "skipped", "failures", "rescued"))
+
     def failures(self):
         return [
             (e["event_data"].get("host"), e["event_data"].get("task"), (e["event_data"].get("res") or {}).get("msg"))
@@ -227,15 +231,25 @@ def release(inv):
 # the sequence
 
 
+# The no-op path: a converged host (applied digest matches, nothing drifted) skips the converge.
+NOOP_TASKS_MAX = 20
+
+
 def test_1_noop_rerun_and_check(inv, tmp_path_factory):
     run = ok(play("site.yml", inv, tmp_path_factory), "no-op site.yml")
     TIMES["no-op re-run"] = run.seconds
     for h in HOSTS:
         assert run.changed(h) == 0, (h, run.changed_tasks(h))
+        assert run.tasks(h) <= NOOP_TASKS_MAX, (h, run.tasks(h))
         assert "--spec-type mtp " in env_file(h)  # day one: the PR branch's spelling
+    assert run.hosts_in("Restart llama-server@") == set()
     check = ok(play("site.yml", inv, tmp_path_factory, check=True), "--check")
+    TIMES["no-op --check"] = check.seconds
     for h in HOSTS:
         assert check.changed(h) == 0, (h, check.changed_tasks(h))
+        assert check.tasks(h) <= NOOP_TASKS_MAX, (h, check.tasks(h))
+    tasks = {"site.yml": [run.tasks(h) for h in HOSTS], "--check": [check.tasks(h) for h in HOSTS]}
+    print(f"\ntasks per host on the no-op path: {tasks}")
 
 
 def _add_host(inv, name):
@@ -295,6 +309,46 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         assert health(new) == 200
     finally:
         _remove_host(inv, new)
+
+
+MODEL = "/var/lib/llama-models/sandbox-mtp/sandbox-mtp.gguf"
+
+
+def test_2b_drift_is_found_and_repaired(inv, tmp_path_factory):
+    """What an admin (or an accident) changes by hand on a converged host is found by the next run and put back,
+    and the next run is on the no-op path again. Two drifts per run, one on each host; six kinds."""
+    drifts = [
+        (  # hand-edited environment file / deleted model file
+            (H1, ["sh", "-c", "echo 'LLAMA_ARG_CTX_SIZE=64' >> /etc/llama-server/main.env"]),
+            (H2, ["rm", "-f", MODEL]),
+        ),
+        (  # hand-edited template unit / stopped instance
+            (H1, ["sh", "-c", "sed -i 's/^Restart=.*/Restart=no/' /etc/systemd/system/llama-server@.service"]),
+            (H2, ["systemctl", "stop", "llama-server@main.service"]),
+        ),
+        (  # hand-edited drop-in / current switched to the previous build
+            (H1, ["sh", "-c", "echo 'Nice=19' >> /etc/systemd/system/llama-server@main.service.d/10-llamafleet.conf"]),
+            (H2, ["sh", "-c", 'ln -sfn "$(readlink /opt/llama.cpp/previous)" /opt/llama.cpp/current']),
+        ),
+    ]
+    before = {h: (env_file(h), build_info(h)["name"]) for h in HOSTS}
+    unit = on_host(H1, "cat", "/etc/systemd/system/llama-server@.service")
+    for step in drifts:
+        for host, cmd in step:
+            on_host(host, *cmd)
+        run = ok(play("site.yml", inv, tmp_path_factory), f"site.yml after drift {step}")
+        for host, _ in step:
+            assert run.changed(host) > 0, (host, step)
+            assert run.hosts_in("Record the applied state") == set(HOSTS)
+        for h in HOSTS:
+            assert (env_file(h), build_info(h)["name"]) == before[h], h
+            assert health(h) == 200
+        assert on_host(H1, "cat", "/etc/systemd/system/llama-server@.service") == unit
+        assert on_host(H2, "test", "-s", MODEL, check=False) == ""
+        assert "Nice=19" not in on_host(H1, "cat", "/etc/systemd/system/llama-server@main.service.d/10-llamafleet.conf")
+    again = ok(play("site.yml", inv, tmp_path_factory), "site.yml after the repairs")
+    for h in HOSTS:
+        assert again.changed(h) == 0 and again.tasks(h) <= NOOP_TASKS_MAX, (h, again.changed_tasks(h), again.tasks(h))
 
 
 def _second_model(name, **kw):
