@@ -183,3 +183,5 @@ def test_mem_bandwidth_module_gpu_and_cpu(tmp_path):
         timeout=120,
     )
     assert "SUCCESS" in out.stdout and '"kind": "cpu"' in out.stdout and '"physical_cores"' in out.stdout, out.stdout
+    bw = json.loads(out.stdout.split("=>", 1)[1])["bandwidth"]
+    assert bw["bytes_per_s"] == max(bw["cpu"]["read_bytes_per_s"], bw["cpu"]["single_cpu_read_bytes_per_s"]) > 10**8
