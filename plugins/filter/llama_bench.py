@@ -1,8 +1,10 @@
-"""Filter plugins over module_utils.llama_bench: llama_bench_compare, llama_bench_table."""
+"""Filter plugins over module_utils.llama_bench and roofline: llama_bench_compare, llama_bench_table,
+llama_bench_roofline, llama_bench_sweep, llama_bench_sweep_configs."""
 
-from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import compare, table
+from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import compare, sweep_configs, sweep_gap, table
+from ansible_collections.llamafleet.mtp.plugins.module_utils.roofline import add_roofline
 
-# Documentation: llama_bench_compare.yml and llama_bench_table.yml beside this file.
+# Documentation: llama_bench_*.yml beside this file.
 
 
 def llama_bench_compare(rows):
@@ -13,6 +15,24 @@ def llama_bench_table(result):
     return table(result)
 
 
+def llama_bench_roofline(result, decode_bytes, bandwidth=None, source=None):
+    return add_roofline(result, dict(decode_bytes), bandwidth, source)
+
+
+def llama_bench_sweep(rows, default_label):
+    return sweep_gap([dict(r) for r in rows], default_label)
+
+
+def llama_bench_sweep_configs(kind, physical_cores=0, logical_cpus=0, gpu_count=0):
+    return sweep_configs(kind, physical_cores or 0, logical_cpus or 0, gpu_count or 0)
+
+
 class FilterModule:
     def filters(self):
-        return {"llama_bench_compare": llama_bench_compare, "llama_bench_table": llama_bench_table}
+        return {
+            "llama_bench_compare": llama_bench_compare,
+            "llama_bench_table": llama_bench_table,
+            "llama_bench_roofline": llama_bench_roofline,
+            "llama_bench_sweep": llama_bench_sweep,
+            "llama_bench_sweep_configs": llama_bench_sweep_configs,
+        }

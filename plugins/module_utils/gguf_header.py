@@ -35,6 +35,7 @@ __all__ = [
     "GGUFValueType",
     "LLAMA_FTYPES",
     "TensorInfo",
+    "decode_step_bytes",
     "find_split_paths",
     "gguf_info",
     "kv_bytes_per_token",
@@ -809,6 +810,14 @@ def summarize(headers: list[GGUFHeader]) -> dict:
             else:
                 other += t.n_bytes
 
+    decode_bytes = decode_step_bytes(
+        [t for h in headers for t in h.tensors],
+        n_layer,
+        n_layer_all,
+        _opt_int(md, a + "expert_count", 0) or 0,
+        _opt_int(md, a + "expert_used_count", 0) or 0,
+    )
+
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list):
         vocab_size = len(tokens)
@@ -849,6 +858,69 @@ def summarize(headers: list[GGUFHeader]) -> dict:
             "mtp": sum(per_layer[n_layer:]),
             "other": other,
         },
+        "decode_bytes": decode_bytes,
+    }
+
+
+_EXPERTS_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
+_ROW_READ = ("token_embd.weight", ".nextn.embed_tokens.weight")
+
+
+def _one_row(t: TensorInfo) -> int:
+    """Bytes of one row (ne[1] index) of a 2-D embedding table: what a lookup of one token reads."""
+    rows = t.dims[1] if len(t.dims) >= 2 and t.dims[1] else 1
+    return t.n_bytes // rows
+
+
+def decode_step_bytes(tensors, n_layer: int, n_layer_all: int, n_expert: int = 0, n_expert_used: int = 0) -> dict:
+    """Bytes of weights one single-token decode step reads, and one MTP draft step, from the tensor table.
+
+    ``token``: every trunk block tensor (blk.N.*, N < n_layer), the output norm and head (the whole
+    token_embd when the head is tied to it, i.e. there is no output.weight) and any other non-block
+    tensor, plus one row of token_embd (the lookup of the token). Routed-expert tensors
+    (``ffn_{gate,up,down,gate_up}_exps``) count n_expert_used / n_expert of their bytes: a token reads
+    only the experts the router picks (shared experts and the router are read whole).
+    ``mtp_draft``: one draft token of the MTP head: the nextn blocks (blk.N.*, N >= n_layer, experts
+    scaled the same way; their own ``nextn.embed_tokens`` one row) plus, when a block has no
+    ``nextn.shared_head_head``, the main output head it then predicts with, and one token_embd row.
+    0 without nextn blocks. Lower bounds for a batch (MTP verification of several tokens may pick
+    more experts); exact for dense models. KV cache reads are not weights and not counted.
+    """
+    frac = (n_expert_used / n_expert) if n_expert and n_expert_used else 1.0
+    token = mtp = 0
+    head = embd_row = embd_all = 0
+    tied = True
+    mtp_own_head = False
+    for t in tensors:
+        m = _BLK_RE.match(t.name)
+        nbytes = t.n_bytes
+        if m and int(m.group(1)) < n_layer_all:
+            if _EXPERTS_RE.search(t.name):
+                nbytes = int(round(nbytes * frac))
+            if t.name.endswith(_ROW_READ[1]):
+                nbytes = _one_row(t)
+            if int(m.group(1)) < n_layer:
+                token += nbytes
+            else:
+                mtp += nbytes
+                mtp_own_head = mtp_own_head or t.name.endswith(".nextn.shared_head_head.weight")
+        elif t.name == "token_embd.weight":
+            embd_row = _one_row(t)
+            embd_all = t.n_bytes
+        elif t.name == "output.weight":
+            tied = False
+            head += t.n_bytes
+        else:  # output_norm, rope factors, ...
+            token += nbytes
+    if tied:
+        head = embd_all
+    token += head + embd_row
+    if n_layer_all > n_layer:
+        mtp += embd_row + (0 if mtp_own_head else head)
+    return {
+        "token": token,
+        "mtp_draft": mtp,
+        "expert_fraction": round(frac, 6),
     }
 
 

@@ -117,14 +117,87 @@ def compare(rows: list) -> dict:
 
 
 def table(result: dict) -> list:
-    """Human-readable lines (one per configuration)."""
-    lines = [f"{'config':<14}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"]
+    """Human-readable lines (one per configuration); the roofline columns when the result has them."""
+    roof = "bandwidth_bytes_per_s" in result
+    head = f"{'config':<14}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"
+    lines = [head + (f"{'MB/token':>10}{'eff %':>8}" if roof else "")]
     for r in result["rows"]:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
-        lines.append(
+        line = (
             f"{r['label']:<14}{r['tok_s_median']:>9.1f}{r['tok_s_min']:>9.1f}{r['tok_s_max']:>9.1f}"
             f"{acc:>9}{r['speedup']:>8.2f}x"
         )
+        if roof:
+            eff = "-" if r.get("efficiency_pct") is None else f"{r['efficiency_pct']:.1f}"
+            line += f"{r['bytes_per_token'] / 1e6:>10.1f}{eff:>8}"
+        lines.append(line)
     best = result.get("best_draft_n_max")
     lines.append(f"best draft-n-max: {best}" if best is not None else "MTP did not beat the baseline here")
+    if roof:
+        bw = result["bandwidth_bytes_per_s"]
+        lines.append(
+            f"bandwidth: {'unknown' if not bw else f'{bw / 1e9:.1f} GB/s'} ({result.get('bandwidth_source') or '-'}); "
+            f"decode step reads {result['decode_bytes']['token'] / 1e6:.1f} MB"
+            + (f", plain-decode limit {bw / result['decode_bytes']['token']:.1f} tok/s" if bw else "")
+        )
     return lines
+
+
+def sweep_gap(rows: list, default_label: str) -> dict:
+    """The fastest sweep configuration against the rendered default: gap = (best - default) / best in %.
+
+    Rows with the same label (the default is measured first and again among the others, to show the
+    spread on a busy host) count with the median of their medians.
+    """
+    if not rows:
+        raise BenchError("the sweep measured nothing")
+    by_label = {}
+    for r in rows:
+        by_label.setdefault(r["label"], []).append(r["tok_s_median"])
+    if default_label not in by_label:
+        raise BenchError(f"the sweep has no row {default_label!r} (the rendered default)")
+    tok_s = {k: statistics.median(v) for k, v in by_label.items()}
+    best = max(tok_s, key=lambda k: tok_s[k])
+    d = tok_s[default_label]
+    gap = 0.0 if tok_s[best] <= 0 else 100.0 * (tok_s[best] - d) / tok_s[best]
+    return {
+        "best": {"label": best, "tok_s": round(tok_s[best], 2)},
+        "default": {"label": default_label, "tok_s": round(d, 2), "runs": by_label[default_label]},
+        "gap_pct": round(max(gap, 0.0), 1),
+        "within_5pct": gap <= 5.0,
+        "configs": {k: {"tok_s": round(tok_s[k], 2), "runs": v} for k, v in by_label.items()},
+        "lines": [f"{k}: {tok_s[k]:.2f} tok/s ({', '.join(f'{x:.2f}' for x in v)})" for k, v in by_label.items()],
+    }
+
+
+def sweep_configs(kind: str, physical_cores: int = 0, logical_cpus: int = 0, gpu_count: int = 0) -> list:
+    """The configurations a flag sweep measures on one host: ``[{label, settings}]``, ``default`` first.
+
+    ``default`` is the instance as the role renders it (no override). CPU hosts: ``threads`` in
+    {physical cores, logical CPUs, physical - 1, physical / 2} (llama.cpp's own default is the physical
+    cores) with ``threads_batch`` the same or all logical CPUs (the batch a draft-mtp verification
+    decodes runs on threads_batch). GPU hosts: flash attention on/off, ubatch 256/1024 (the default is
+    512), and split mode layer/row with more than one GPU. ``settings`` are instance fields.
+    """
+    out = [{"label": "default", "settings": {}}]
+    if kind == "cpu":
+        phys = max(1, int(physical_cores or logical_cpus or 1))
+        logical = max(phys, int(logical_cpus or phys))
+        threads = []
+        for t in (phys, logical, phys - 1, phys // 2):
+            if t >= 1 and t not in threads:
+                threads.append(t)
+        for t in threads:
+            for tb in sorted({t, logical}):
+                out.append({"label": f"t{t}-tb{tb}", "settings": {"threads": t, "threads_batch": tb}})
+    elif kind == "gpu":
+        for fa in ("on", "off"):
+            out.append({"label": f"fa-{fa}", "settings": {"flash_attn": fa}})
+        for ub in (256, 1024):
+            out.append({"label": f"ub{ub}", "settings": {"ubatch_size": ub, "batch_size": max(ub, 2048)}})
+        if gpu_count > 1:
+            for sm in ("layer", "row"):
+                out.append({"label": f"split-{sm}", "settings": {"split_mode": sm}})
+    else:
+        raise BenchError(f"unknown host kind {kind!r} for a sweep (cpu or gpu)")
+    return out

@@ -125,6 +125,13 @@ gguf:
         - C(per_layer) bytes of blk.N.* for every block (MTP blocks included), C(token_embd), C(output)
           (0 when tied to token_embd), C(output_norm), C(mtp) (sum of the nextn blocks) and C(other).
       type: dict
+    decode_bytes:
+      description:
+        - Weights one single-token decode step reads - C(token) (trunk blocks, output norm and head, one
+          token_embd row; routed experts scaled by expert_used_count / expert_count), C(mtp_draft) (one MTP
+          draft token - the nextn blocks plus the main output head when they have no shared_head_head; 0
+          without MTP) and C(expert_fraction). The numerator of bench.yml's roofline efficiency.
+      type: dict
 changed:
   description: Always false.
   returned: always

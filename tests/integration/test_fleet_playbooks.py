@@ -537,12 +537,22 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
         tmp_path_factory,
         tags="autotune",
         limit=H1,
-        extravars={"llamafleet_bench_draft_n_max": [1, 3], "llamafleet_bench_dir": str(tmp_path / "results")},
+        extravars={
+            "llamafleet_bench_draft_n_max": [1, 3],
+            "llamafleet_bench_dir": str(tmp_path / "results"),
+            "llamafleet_bench_buffer_mib": 128,
+        },
     )
     ok(run, "bench --tags autotune")
     result = json.loads((tmp_path / "results" / f"{H1}.json").read_text())["result"]
     assert [r["label"] for r in result["rows"]] == ["no-mtp", "mtp-n1", "mtp-n3"]
     assert all(r["acceptance"] == 1.0 for r in result["rows"][1:])
+    # the roofline: the model's decode bytes, the host's measured CPU bandwidth, an efficiency per row
+    assert result["bandwidth_source"].startswith("measured read, CPUs ") and result["bandwidth_bytes_per_s"] > 10**8
+    assert 0 < result["decode_bytes"]["token"] < model.stat().st_size
+    assert all(r["efficiency_pct"] > 0 and r["bytes_per_token"] > 0 for r in result["rows"])
+    bw_gbs = result["bandwidth_bytes_per_s"] / 1e9
+    print(f"\nbench efficiency (no MTP): {result['efficiency_pct']} % of {bw_gbs:.1f} GB/s")
     tuned = hv / "llamafleet_autotune.yml"
     best = result["best_draft_n_max"]
     if best is None:  # a noisy 2-core machine can make MTP lose; then nothing is written
