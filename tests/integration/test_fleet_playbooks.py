@@ -536,12 +536,21 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
     model = _second_model("bench-agree", n_embd=1024, n_layer=6)
     hv = inv / "host_vars" / H1
     hv.mkdir(parents=True, exist_ok=True)
+    # The sandbox's instance (bound for the gateway, with its API key) on the bench model; no draft_n_max:
+    # the instance takes the tuned value.
+    inst = {k: v for k, v in group_vars(inv)["llamafleet_instances"][0].items() if k != "draft_n_max"}
+    inst.update(model="bench-agree", context=2048)
     (hv / "bench.yml").write_text(
-        "---\nllamafleet_models:\n  - name: bench-agree\n    source: controller\n"
-        f"    controller_path: {model}\n"
-        "llamafleet_release_models: {}\n"
-        "llamafleet_instances:\n  - name: main\n    model: bench-agree\n    port: 8080\n    context: 2048\n"
-    )  # no draft_n_max: the instance takes the tuned value
+        "---\n"
+        + yaml.safe_dump(
+            {
+                "llamafleet_models": [{"name": "bench-agree", "source": "controller", "controller_path": str(model)}],
+                "llamafleet_release_models": {},
+                "llamafleet_instances": [inst],
+            },
+            sort_keys=False,
+        )
+    )
     run = play(
         "playbooks/bench.yml",
         inv,
