@@ -35,7 +35,7 @@ options:
   applied_path:
     description:
       - The record the last successful converge wrote (P(llamafleet.mtp.llama_applied_state#module)). When it exists,
-        the host is scanned again and every difference is reported in RV(ansible_facts.llama_host_state.applied.drift),
+        the host is scanned again and every difference is reported in C(llama_host_state.applied.drift),
         with each recorded instance that is not active or does not answer C(/health) with 200.
     type: path
     default: /var/lib/llamafleet/applied.json
