@@ -34,3 +34,21 @@ attributes:
     support: none
     description: Nothing to diff.
 """
+
+    # The paths the server and build roles manage on a host, as the modules that read or record them take them:
+    # extends_documentation_fragment: [llamafleet.mtp.attributes.host_paths]
+    HOST_PATHS = r"""
+options:
+  config_dir:
+    description: The llama_server_systemd role's configuration directory (one C(<name>.env) per instance).
+    type: path
+    default: /etc/llama-server
+  unit_dir:
+    description: The systemd unit directory holding C(llama-server@.service) and its drop-ins.
+    type: path
+    default: /etc/systemd/system
+  install_root:
+    description: The llamacpp_mtp_build role's install root (C(current) and C(previous) links).
+    type: path
+    default: /opt/llama.cpp
+"""

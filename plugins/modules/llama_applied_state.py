@@ -49,18 +49,8 @@ options:
     description: Where the record lives on the host.
     type: path
     default: /var/lib/llamafleet/applied.json
-  config_dir:
-    description: The llama_server_systemd role's configuration directory.
-    type: path
-    default: /etc/llama-server
-  unit_dir:
-    description: The systemd unit directory holding C(llama-server@.service) and its drop-ins.
-    type: path
-    default: /etc/systemd/system
-  install_root:
-    description: The llamacpp_mtp_build role's install root (C(current) and C(previous) links).
-    type: path
-    default: /opt/llama.cpp
+extends_documentation_fragment:
+  - llamafleet.mtp.attributes.host_paths
 attributes:
   check_mode:
     support: full

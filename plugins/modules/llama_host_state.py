@@ -20,18 +20,6 @@ description:
 author:
   - llamafleet maintainers (!UNKNOWN)
 options:
-  install_root:
-    description: Where the llamacpp_mtp_build role installs builds.
-    type: path
-    default: /opt/llama.cpp
-  config_dir:
-    description: The llama_server_systemd role's configuration directory (one C(<name>.env) per instance).
-    type: path
-    default: /etc/llama-server
-  unit_dir:
-    description: The systemd unit directory holding C(llama-server@.service) and its drop-ins.
-    type: path
-    default: /etc/systemd/system
   applied_path:
     description:
       - The record the last successful converge wrote (P(llamafleet.mtp.llama_applied_state#module)). When it exists,
@@ -45,6 +33,7 @@ options:
     default: 3
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.read_only
+  - llamafleet.mtp.attributes.host_paths
 """
 
 EXAMPLES = r"""
