@@ -60,6 +60,10 @@ def test_runs_poll_once_each_and_change_nothing(host):
 
 def test_artifacts_rotated_and_status_command(host):
     wait_for_runs(host, 3)
+    # The timer fires 5 s after each run: stop it and let a run it already started end, so that the
+    # listing and the three status calls below all read the same last run.
+    host.run("systemctl stop llamafleet-follow.timer")
+    wait_for_runs(host, 3)
     kept = host.check_output(f"ls -1 {DATA}/artifacts").split()
     assert len(kept) == 2, kept  # --rotate-artifacts 2
     out = host.check_output("llamafleet-follow-status")
