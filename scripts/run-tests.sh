@@ -5,7 +5,8 @@
 #   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, vermin, unit tests
 #                                 (and again under Python 3.8, the managed-host floor),
 #                                 ansible-test sanity on the built artifact (scripts/sanity.sh)
-# Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stages; LLAMA_MTP_CACHE moves the caches.
+# Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stage, MOLECULE_JOBS (default 2) runs that
+# many scenarios at once; LLAMA_MTP_CACHE moves the caches.
 # Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
 # the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
 set -uo pipefail
@@ -56,11 +57,9 @@ LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/
 export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
 stage unit-slow pytest -q -m slow tests/unit
 stage integration pytest -q tests/integration
-# MOLECULE_SCENARIOS="a b" runs only those scenarios (default: every scenario under extensions/molecule/).
-for scenario in ${MOLECULE_SCENARIOS:-$(ls -1 extensions/molecule)}; do
-  [ -f "extensions/molecule/$scenario/molecule.yml" ] || continue
-  stage "molecule:$scenario" molecule test -s "$scenario"
-done
+# Every molecule scenario, two at a time (scripts/molecule-all.sh prints each one's wall time);
+# MOLECULE_SCENARIOS="a b" runs only those, MOLECULE_JOBS=1 one after another.
+stage molecule bash scripts/molecule-all.sh
 # README command 1, end to end on a fresh sandbox fleet, then the fleet playbooks on it
 # (idempotence, the PR-merged upgrade, a failing upgrade with rollback, bench --tags autotune).
 stage sandbox-down-before bash scripts/sandbox.sh down
