@@ -15,6 +15,12 @@ for s in ${MOLECULE_SCENARIOS:-$(ls -1 extensions/molecule)}; do
   [ -f "extensions/molecule/$s/molecule.yml" ] && scenarios+=("$s")
 done
 [ ${#scenarios[@]} -gt 0 ] || { echo "no molecule scenario to run" >&2; exit 2; }
+# Longest first, by the wall times of the last run on this machine (cache; unknown ones first), so that
+# the short ones fill in at the end.
+times=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/molecule-times
+mapfile -t scenarios < <(for s in "${scenarios[@]}"; do
+  echo "$(awk -v s="$s" '$1 == s {print $2}' "$times" 2>/dev/null | tail -n 1 | grep . || echo 99999) $s"
+done | sort -s -k1,1nr | cut -d' ' -f2)
 echo "molecule: ${#scenarios[@]} scenarios, $jobs at a time; logs in $logs"
 export logs
 one() {   # one SCENARIO: molecule test, its log, its wall time and result
@@ -26,7 +32,7 @@ one() {   # one SCENARIO: molecule test, its log, its wall time and result
   return $rc
 }
 export -f one
-# The longest scenarios first (order of the list), each worker takes the next one when it is done.
+# Each worker takes the next scenario when its last one is done.
 printf '%s\n' "${scenarios[@]}" | xargs -P "$jobs" -I{} bash -c 'one "$1"' _ {}
 failed=0
 for s in "${scenarios[@]}"; do
@@ -42,4 +48,5 @@ for s in "${scenarios[@]}"; do
   read -r _ secs rc < "$logs/$s.result" 2>/dev/null || { secs=?; rc=missing; }
   printf '  %-28s %6ss  %s\n' "$s" "$secs" "$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc=$rc)")"
 done
+cat "$logs"/*.result >> "$times" 2>/dev/null   # the last line per scenario counts
 exit $failed
