@@ -19,8 +19,8 @@ def llama_bench_roofline(result, decode_bytes, bandwidth=None, source=None):
     return add_roofline(result, dict(decode_bytes), bandwidth, source)
 
 
-def llama_bench_sweep(rows, default_label):
-    return sweep_gap([dict(r) for r in rows], default_label)
+def llama_bench_sweep(rows, default_label, configs=None):
+    return sweep_gap([dict(r) for r in rows], default_label, [dict(c) for c in configs or []])
 
 
 def llama_bench_sweep_configs(kind, physical_cores=0, logical_cpus=0, gpu_count=0):

@@ -143,28 +143,36 @@ def table(result: dict) -> list:
     return lines
 
 
-def sweep_gap(rows: list, default_label: str) -> dict:
+def sweep_gap(rows: list, default_label: str, configs: list = None) -> dict:
     """The fastest sweep configuration against the rendered default: gap = (best - default) / best in %.
 
     Rows with the same label (the default is measured first and again among the others, to show the
-    spread on a busy host) count with the median of their medians.
+    spread on a busy host) count with the median of their medians. A configuration of ``configs`` marked
+    ``same_as: <default_label>`` (the flags llama.cpp chooses itself when the role renders none) is the
+    default measured once more: its rows count as the default's, not as a rival, so that run-to-run noise
+    between two measurements of one configuration is never reported as a gap. ``spread_pct`` is that
+    noise: (fastest - slowest) / fastest of the default's measurements.
     """
     if not rows:
         raise BenchError("the sweep measured nothing")
+    same = {c["label"] for c in configs or [] if c.get("same_as") == default_label}
     by_label = {}
     for r in rows:
-        by_label.setdefault(r["label"], []).append(r["tok_s_median"])
+        by_label.setdefault(default_label if r["label"] in same else r["label"], []).append(r["tok_s_median"])
     if default_label not in by_label:
         raise BenchError(f"the sweep has no row {default_label!r} (the rendered default)")
     tok_s = {k: statistics.median(v) for k, v in by_label.items()}
     best = max(tok_s, key=lambda k: tok_s[k])
     d = tok_s[default_label]
     gap = 0.0 if tok_s[best] <= 0 else 100.0 * (tok_s[best] - d) / tok_s[best]
+    runs = by_label[default_label]
+    spread = 0.0 if max(runs) <= 0 else 100.0 * (max(runs) - min(runs)) / max(runs)
     return {
         "best": {"label": best, "tok_s": round(tok_s[best], 2)},
-        "default": {"label": default_label, "tok_s": round(d, 2), "runs": by_label[default_label]},
+        "default": {"label": default_label, "tok_s": round(d, 2), "runs": runs, "same_as_default": sorted(same)},
         "gap_pct": round(max(gap, 0.0), 1),
         "within_5pct": gap <= 5.0,
+        "spread_pct": round(spread, 1),
         "configs": {k: {"tok_s": round(tok_s[k], 2), "runs": v} for k, v in by_label.items()},
         "lines": [f"{k}: {tok_s[k]:.2f} tok/s ({', '.join(f'{x:.2f}' for x in v)})" for k, v in by_label.items()],
     }
@@ -176,8 +184,12 @@ def sweep_configs(kind: str, physical_cores: int = 0, logical_cpus: int = 0, gpu
     ``default`` is the instance as the role renders it (no override). CPU hosts: ``threads`` in
     {physical cores, logical CPUs, physical - 1, physical / 2} (llama.cpp's own default is the physical
     cores) with ``threads_batch`` the same or all logical CPUs (the batch a draft-mtp verification
-    decodes runs on threads_batch). GPU hosts: flash attention on/off, ubatch 256/1024 (the default is
-    512), and split mode layer/row with more than one GPU. ``settings`` are instance fields.
+    decodes runs on threads_batch). ``t<physical>-tb<physical>`` is what llama.cpp picks without the
+    flags (threads = its count of physical cores, threads-batch = threads), so it carries
+    ``same_as: default`` and sweep_gap counts it as the default measured again; on a hybrid P/E-core CPU
+    llama.cpp counts only the P-cores and the two may differ. GPU hosts: flash attention on/off, ubatch
+    256/1024 (the default is 512), and split mode layer/row with more than one GPU. ``settings`` are
+    instance fields.
     """
     out = [{"label": "default", "settings": {}}]
     if kind == "cpu":
@@ -189,7 +201,10 @@ def sweep_configs(kind: str, physical_cores: int = 0, logical_cpus: int = 0, gpu
                 threads.append(t)
         for t in threads:
             for tb in sorted({t, logical}):
-                out.append({"label": f"t{t}-tb{tb}", "settings": {"threads": t, "threads_batch": tb}})
+                c = {"label": f"t{t}-tb{tb}", "settings": {"threads": t, "threads_batch": tb}}
+                if t == tb == phys:
+                    c["same_as"] = "default"
+                out.append(c)
     elif kind == "gpu":
         for fa in ("on", "off"):
             out.append({"label": f"fa-{fa}", "settings": {"flash_attn": fa}})

@@ -71,7 +71,7 @@ def serve_and_measure(a, model, label, n_max, port, settings=None):
         args += [FLAGS[key], str(value)]
     if n_max is not None:
         args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
-    log = Path(a.logs) / f"{Path(model).stem}-{label}.log"
+    log = Path(a.logs) / f"{Path(model).stem}-{label.replace('/', '-')}.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT)
     try:
@@ -195,7 +195,7 @@ def main(argv=None):
                         f"load {r['loadavg']}",
                         flush=True,
                     )
-                gap = lb.sweep_gap(rows_n, "default")
+                gap = lb.sweep_gap(rows_n, "default", configs)
                 gap["mode"] = mode
                 sweep.append(gap)
                 print(

@@ -126,6 +126,8 @@ def test_sweep_configs_per_kind():
     assert labels[0] == "default" and cpu[0]["settings"] == {}
     assert labels[1:] == ["t8-tb8", "t8-tb16", "t16-tb16", "t7-tb7", "t7-tb16", "t4-tb4", "t4-tb16"]
     assert [c["label"] for c in lb.sweep_configs("cpu", 2, 2)] == ["default", "t2-tb2", "t1-tb1", "t1-tb2"]
+    # llama.cpp's own choice without the flags is the default measured again; nothing else is
+    assert [c["label"] for c in cpu if c.get("same_as") == "default"] == ["t8-tb8"]
     gpu = [c["label"] for c in lb.sweep_configs("gpu", gpu_count=1)]
     assert gpu == ["default", "fa-on", "fa-off", "ub256", "ub1024"]
     assert "split-row" in [c["label"] for c in lb.sweep_configs("gpu", gpu_count=2)]
@@ -143,6 +145,26 @@ def test_sweep_gap():
     assert lb.sweep_gap([_row("default", 8.0), _row("x", 7.0)], "default")["gap_pct"] == 0.0
     with pytest.raises(lb.BenchError, match="no row 'default'"):
         lb.sweep_gap([_row("x", 1.0)], "default")
+
+
+def test_sweep_gap_pools_the_default_measured_again():
+    """llama.cpp's own thread count measured explicitly is the default: its noise is not a gap (both ways)."""
+    configs = lb.sweep_configs("cpu", 2, 2)
+    rows = [_row("default", 3.87), _row("t2-tb2", 3.50), _row("t1-tb1", 2.07), _row("t1-tb2", 2.12)]
+    g = lb.sweep_gap(rows, "default", configs)
+    assert g["best"]["label"] == "default" and g["gap_pct"] == 0.0 and g["default"]["same_as_default"] == ["t2-tb2"]
+    assert g["default"]["runs"] == [3.87, 3.50] and g["spread_pct"] == pytest.approx(9.6, abs=0.05)
+    assert "t2-tb2" not in g["configs"]
+    # without the configs the same rows read as a rival (the old report): 3.87 against 3.50 is no gap...
+    rows = [_row("default", 10.83), _row("t2-tb2", 12.5), _row("t1-tb2", 10.59)]
+    assert lb.sweep_gap(rows, "default")["gap_pct"] == 13.4
+    # ...and with them the default is its median, against the best other configuration
+    g = lb.sweep_gap(rows, "default", configs)
+    assert g["default"]["tok_s"] == pytest.approx(11.665, abs=0.01)
+    assert g["best"]["label"] == "default" and g["gap_pct"] == 0.0
+    # a faster rival still shows
+    g = lb.sweep_gap(rows + [_row("t1-tb1", 14.0)], "default", configs)
+    assert g["best"]["label"] == "t1-tb1" and g["gap_pct"] == pytest.approx(16.7, abs=0.05) and not g["within_5pct"]
 
 
 def test_cpu_measurement_is_real_and_in_a_memory_range():
