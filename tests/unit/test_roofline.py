@@ -207,3 +207,15 @@ def test_mem_bandwidth_module_gpu_and_cpu(tmp_path):
     assert "SUCCESS" in out.stdout and '"kind": "cpu"' in out.stdout and '"physical_cores"' in out.stdout, out.stdout
     bw = json.loads(out.stdout.split("=>", 1)[1])["bandwidth"]
     assert bw["bytes_per_s"] == max(bw["cpu"]["read_bytes_per_s"], bw["cpu"]["single_cpu_read_bytes_per_s"]) > 10**8
+
+
+def test_sweep_filter_takes_the_configs():
+    """bench.yml's call: rows | llama_bench_sweep('default', bench_sweep_configs), as the filter plugin gets it."""
+    from ansible_collections.llamafleet.mtp.plugins.filter.llama_bench import FilterModule
+
+    f = FilterModule().filters()
+    configs = f["llama_bench_sweep_configs"]("cpu", 2, 2, 0)
+    rows = [_row("default", 3.87), _row("t2-tb2", 4.1), _row("t1-tb1", 2.07)]
+    g = f["llama_bench_sweep"](rows, "default", configs)
+    assert g["best"]["label"] == "default" and g["gap_pct"] == 0.0 and g["default"]["runs"] == [3.87, 4.1]
+    assert f["llama_bench_sweep"](rows, "default")["best"]["label"] == "t2-tb2"  # without configs: as before
