@@ -5,7 +5,9 @@
 #   sandbox.sh images          build localhost/debian-systemd:12 and :13 once (skipped when present)
 #   sandbox.sh up [N] [SUITE]  start N hosts (default 2) named llama-sandbox-1..N from :SUITE (default 12)
 #                              on the podman network "llamafleet", and the gateway host llama-sandbox-gateway
-#                              (HAProxy, role llama_gateway; SANDBOX_GATEWAY=0 leaves it out); idempotent
+#                              (HAProxy, role llama_gateway; SANDBOX_GATEWAY=0 leaves it out, for inventories
+#                              without a llama_gateways group such as scripts/fleet-bench.py's: inventories/sandbox
+#                              declares that host, so run-sandbox.sh needs it); idempotent
 #   sandbox.sh down            stop and remove the sandbox hosts (the network and images stay)
 #   sandbox.sh status          list the sandbox hosts
 # Env: LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet) keeps image tarballs between runs;
