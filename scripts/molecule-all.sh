@@ -34,19 +34,17 @@ one() {   # one SCENARIO: molecule test, its log, its wall time and result
 export -f one
 # Each worker takes the next scenario when its last one is done.
 printf '%s\n' "${scenarios[@]}" | xargs -P "$jobs" -I{} bash -c 'one "$1"' _ {}
-failed=0
-for s in "${scenarios[@]}"; do
+failed=0 table=()
+for s in "${scenarios[@]}"; do   # failed scenarios' logs first, then one line per scenario
   read -r _ secs rc < "$logs/$s.result" 2>/dev/null || { secs=?; rc=missing; }
-  if [ "$rc" != 0 ]; then
-    failed=1
+  if [ "$rc" = 0 ]; then result=ok; else
+    failed=1 result="FAILED (rc=$rc)"
     echo; echo "== molecule:$s FAILED (rc=$rc), last 200 lines of $logs/$s.log =="
     tail -n 200 "$logs/$s.log"
   fi
+  table+=("$(printf '  %-28s %6ss  %s' "$s" "$secs" "$result")")
 done
 echo; echo "== molecule: scenario wall times ($jobs at a time) =="
-for s in "${scenarios[@]}"; do
-  read -r _ secs rc < "$logs/$s.result" 2>/dev/null || { secs=?; rc=missing; }
-  printf '  %-28s %6ss  %s\n' "$s" "$secs" "$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc=$rc)")"
-done
+printf '%s\n' "${table[@]}"
 cat "$logs"/*.result >> "$times" 2>/dev/null   # the last line per scenario counts
 exit $failed
