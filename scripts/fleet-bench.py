@@ -11,6 +11,7 @@ host from the run's stats (ok includes changed; skipped apart), then the per-add
     .venv/bin/python scripts/fleet-bench.py [--sizes 2 6 12] [--prefix llama-scale] [--repo PATH] [--keep]
     .venv/bin/python scripts/fleet-bench.py --sizes 6 --strategy free     # compare an accelerator
     .venv/bin/python scripts/fleet-bench.py --sizes 6 --noop-only          # hosts already up and converged
+    .venv/bin/python scripts/fleet-bench.py --sizes 2 --logs /tmp/fb       # keep each run's output (task times)
 
 Needs what scripts/run-sandbox.sh sets up (images, the llama.cpp mirror, the sandbox model, the artifact
 in the controller cache). The hosts share this machine's CPUs with the controller: the load average before
@@ -52,7 +53,7 @@ def inventory(repo, tmp, prefix, n, extra_vars):
         + "".join(
             f"        {k}: {v}\n"
             for k, v in {
-                "ansible_connection": "containers.podman.podman",
+                "ansible_connection": "podman",
                 "ansible_python_interpreter": "/usr/bin/python3",
             }.items()
             if k not in extra_vars
@@ -62,7 +63,7 @@ def inventory(repo, tmp, prefix, n, extra_vars):
     return inv
 
 
-def run(repo, inv, tmp, env):
+def run(repo, inv, tmp, env, log=None):
     import ansible_runner
 
     data = tempfile.mkdtemp(dir=tmp, prefix="runner-")
@@ -87,6 +88,9 @@ def run(repo, inv, tmp, env):
     per_host = {
         h: {k: int((stats.get(k) or {}).get(h, 0)) for k in ("ok", "changed", "skipped", "failures")} for h in hosts
     }
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(r.stdout.read())  # profile_tasks' slowest tasks at the end
     if r.status != "successful":
         print(f"  run failed: {r.status} rc={r.rc}; artifacts in {data}", file=sys.stderr)
     return {"status": r.status, "wall_s": wall, "cpu_s": cpu, "load_before": load, "hosts": per_host}
@@ -132,6 +136,7 @@ def main():
     ap.add_argument("--no-join", action="store_true", help="skip the joining-host measurement")
     ap.add_argument("--keep", action="store_true", help="leave the hosts up at the end")
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--logs", type=Path, help="keep each run's output here (N-first.txt, N-noop.txt, N-join.txt)")
     a = ap.parse_args()
     repo = a.repo.resolve()
     env = dict(e.split("=", 1) for e in a.env)
@@ -152,14 +157,15 @@ def main():
             inv = inventory(repo, tmp, a.prefix, n, host_vars)
             row = {"n": n}
             if not a.noop_only:
-                row["first"] = run(repo, inv, tmp, env)
+                row["first"] = run(repo, inv, tmp, env, a.logs and a.logs / f"{n}-first.txt")
                 print(line(n, "first converge", row["first"]), flush=True)
-            row["noop"] = run(repo, inv, tmp, env)
+            row["noop"] = run(repo, inv, tmp, env, a.logs and a.logs / f"{n}-noop.txt")
             per_host = f"{row['noop']['cpu_s'] / n:.2f} s CPU per host; {tasks_summary(row['noop'])}"
             print(line(n, "no-op re-run", row["noop"], per_host), flush=True)
             if i == 0 and not a.no_join and not a.noop_only:
                 sandbox(repo, a.prefix, "up", str(n + 1), "12")
-                row["join"] = run(repo, inventory(repo, tmp, a.prefix, n + 1, host_vars), tmp, env)
+                inv_join = inventory(repo, tmp, a.prefix, n + 1, host_vars)
+                row["join"] = run(repo, inv_join, tmp, env, a.logs and a.logs / f"{n}-join.txt")
                 new = row["join"]["hosts"].get(f"{a.prefix}-{n + 1}", {})
                 tail = f"joining host: ok {new.get('ok')}, changed {new.get('changed')}"
                 print(line(n, "+1 joining host", row["join"], tail), flush=True)

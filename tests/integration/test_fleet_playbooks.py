@@ -602,7 +602,7 @@ def test_9_non_root_with_become(tmp_path_factory):
     shutil.copytree(REPO / "inventories" / "sandbox", inv)
     (inv / "hosts.yml").write_text(
         f"---\nall:\n  children:\n    llama_hosts:\n      hosts:\n        {H3}:\n      vars:\n"
-        "        ansible_connection: containers.podman.podman\n        ansible_python_interpreter: /usr/bin/python3\n"
+        "        ansible_connection: podman\n        ansible_python_interpreter: /usr/bin/python3\n"
         "        ansible_user: deploy\n        ansible_become: true\n"
     )
     try:
