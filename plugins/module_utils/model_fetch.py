@@ -47,6 +47,14 @@ class ModelSpecError(ValueError):
     """A model item is invalid; the message names the model, the key and what to write instead."""
 
 
+class ModelFactsError(ValueError):
+    """The fetched files cannot serve as declared (e.g. no MTP layers where MTP is required)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(" ".join(problems))
+        self.problems = problems
+
+
 def is_commit(revision: str | None) -> bool:
     return bool(revision) and bool(COMMIT_RE.match(revision))
 
@@ -465,3 +473,53 @@ def build_facts(
                 "MTP GGUF (one converted with the model's nextn/MTP tensors), or set require_mtp: false for this model."
             )
     return facts, problems
+
+
+# The options of llamafleet.mtp.model_fetch_plan (an action plugin: pure computation on the controller).
+PLAN_ARGUMENT_SPEC = {
+    "models": {"type": "list", "elements": "raw"},
+    "models_dir": {"type": "path", "default": "/var/lib/llama-models"},
+    "require_mtp": {"type": "bool", "default": True},
+    "warn": {"type": "bool", "default": True},
+    "hosts": {"type": "dict"},
+    "manifest": {"type": "list", "elements": "dict"},
+    "cache_dir": {"type": "path", "default": "/tmp"},
+    "fleet": {"type": "bool", "default": False},
+    "fleet_models": {"type": "list", "elements": "dict"},
+    "needed": {"type": "list", "elements": "dict"},
+    "verified": {"type": "list", "elements": "dict"},
+    "heads": {"type": "dict"},
+    "ggufs": {"type": "dict"},
+    "commits": {"type": "dict", "default": {}},
+}
+PLAN_CONSTRAINTS = {
+    "required_one_of": [["models", "hosts", "fleet_models"]],
+    "required_together": [["fleet_models", "needed"]],
+    "required_by": {"verified": ["models", "heads", "ggufs"], "manifest": ["models"]},
+}
+
+
+def plan(p: dict) -> tuple[dict, list[str]]:
+    """model_fetch_plan's result and warnings for validated options `p`.
+
+    Raises ModelSpecError for a bad model item, ModelFactsError when the files cannot serve as declared."""
+    result: dict = {"changed": False}
+    warnings: list[str] = []
+    if p["models"] is not None:
+        models, warned = normalize_models(
+            p["models"], models_dir=p["models_dir"].rstrip("/"), require_mtp=p["require_mtp"]
+        )
+        warnings += warned if p["warn"] else []
+        result["models"] = models
+        if p["manifest"] is not None:
+            result.update(host_plan(models, p["manifest"], cache_dir=p["cache_dir"], fleet=p["fleet"]))
+        if p["verified"] is not None:
+            facts, problems = build_facts(models, p["verified"], p["heads"], p["ggufs"], p["commits"] or {})
+            if problems:
+                raise ModelFactsError(problems)
+            result["facts"] = facts
+    if p["hosts"] is not None:
+        result["fleet"] = aggregate({h: list(ms or []) for h, ms in p["hosts"].items()})
+    if p["fleet_models"] is not None:
+        result["controller_work"] = controller_work(p["fleet_models"], p["needed"])
+    return result, warnings

@@ -110,6 +110,12 @@ ref:
   description: The ref as classified (kind pull/sha/name, the ref fetched, the pull request number).
   type: dict
   returned: always
+requested:
+  description: The O(repo_url) and O(ref) as given, so that a later task can tell whether this result resolves
+    the same ref (the llamacpp_mtp_build role reuses the facts stage's resolution instead of asking again).
+  type: dict
+  returned: always
+  sample: {"repo_url": "https://github.com/ggml-org/llama.cpp.git", "ref": "b9180"}
 cuda:
   description: Whether this is a CUDA build.
   type: bool
@@ -250,7 +256,7 @@ def main():
         commit = p["commit"] or resolve(module, p["repo_url"], ref)
         if not re.match(r"^[0-9a-f]{40}$", commit):
             module.fail_json(msg=f"commit {commit!r} is not a full 40-hex sha")
-        result = dict(changed=False, commit=commit, ref=ref)
+        result = dict(changed=False, commit=commit, ref=ref, requested={"repo_url": p["repo_url"], "ref": p["ref"]})
         if p["resolve_only"]:
             module.exit_json(**result)
         gpu_count = int((p["gpu_facts"] or {}).get("count") or 0)

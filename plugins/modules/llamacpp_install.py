@@ -92,6 +92,11 @@ switched:
   description: Whether C(current) was switched (in check mode, would be).
   returned: always
   type: bool
+info:
+  description: The C(build-info.json) of the build C(current) points at afterwards (name, ref, commit, key, cuda,
+    capabilities...); null in check mode when the build is not installed yet.
+  returned: always
+  type: dict
 pruned:
   description: The builds removed (in check mode, that would be).
   returned: always
@@ -99,6 +104,7 @@ pruned:
   elements: str
 """
 
+import json
 import os
 import shutil
 
@@ -206,8 +212,15 @@ def main():
         for old in pruned:
             shutil.rmtree(os.path.join(builds, old))
 
+    info = None
+    try:
+        with open(os.path.join(target, "build-info.json")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        pass  # check mode before the install, or a build without build-info.json
     module.exit_json(
         changed=installed or plan["changed"] or bool(pruned),
+        info=info,
         current=name,
         previous=os.path.basename(plan["previous"]) if plan["previous"] else None,
         installed=installed,

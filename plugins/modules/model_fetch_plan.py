@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: check and normalise the model_fetch model list; aggregate it over a fleet."""
+"""Documentation of the action plugin llamafleet.mtp.model_fetch_plan (plugins/action/model_fetch_plan.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ description:
     the hosts using each; one name must mean one model on every host.
   - With I(fleet_models) and I(needed) (the hosts' missing files), returns what the controller must fetch
     upstream, each file once.
-  - Pure computation; never changes anything.
+  - Pure computation on the controller (an action plugin, no round trip to the host); never changes anything.
+    Its options are validated with the same argument spec a module would use
+    (C(PLAN_ARGUMENT_SPEC) in plugins/module_utils/model_fetch.py).
 author:
   - llamafleet maintainers (!UNKNOWN)
 options:
@@ -82,7 +84,7 @@ options:
     type: dict
     default: {}
 extends_documentation_fragment:
-  - llamafleet.mtp.attributes.read_only
+  - llamafleet.mtp.attributes.controller_action
 """
 
 EXAMPLES = r"""
@@ -142,66 +144,3 @@ facts:
   returned: when verified is given
   type: dict
 """
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.llamafleet.mtp.plugins.module_utils.model_fetch import (
-    ModelSpecError,
-    aggregate,
-    build_facts,
-    controller_work,
-    host_plan,
-    normalize_models,
-)
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "models": {"type": "list", "elements": "raw"},
-            "models_dir": {"type": "path", "default": "/var/lib/llama-models"},
-            "require_mtp": {"type": "bool", "default": True},
-            "warn": {"type": "bool", "default": True},
-            "hosts": {"type": "dict"},
-            "manifest": {"type": "list", "elements": "dict"},
-            "cache_dir": {"type": "path", "default": "/tmp"},
-            "fleet": {"type": "bool", "default": False},
-            "fleet_models": {"type": "list", "elements": "dict"},
-            "needed": {"type": "list", "elements": "dict"},
-            "verified": {"type": "list", "elements": "dict"},
-            "heads": {"type": "dict"},
-            "ggufs": {"type": "dict"},
-            "commits": {"type": "dict", "default": {}},
-        },
-        required_one_of=[["models", "hosts", "fleet_models"]],
-        required_together=[["fleet_models", "needed"]],
-        required_by={"verified": ["models", "heads", "ggufs"], "manifest": ["models"]},
-        supports_check_mode=True,
-    )
-    p = module.params
-    result = {"changed": False}
-    try:
-        if p["models"] is not None:
-            models, warnings = normalize_models(
-                p["models"], models_dir=p["models_dir"].rstrip("/"), require_mtp=p["require_mtp"]
-            )
-            for w in warnings if p["warn"] else []:
-                module.warn(w)
-            result["models"] = models
-            if p["manifest"] is not None:
-                result.update(host_plan(models, p["manifest"], cache_dir=p["cache_dir"], fleet=p["fleet"]))
-            if p["verified"] is not None:
-                facts, problems = build_facts(models, p["verified"], p["heads"], p["ggufs"], p["commits"] or {})
-                if problems:
-                    module.fail_json(msg="model_fetch: " + " ".join(problems), problems=problems, changed=False)
-                result["facts"] = facts
-        if p["hosts"] is not None:
-            result["fleet"] = aggregate({h: list(ms or []) for h, ms in p["hosts"].items()})
-        if p["fleet_models"] is not None:
-            result["controller_work"] = controller_work(p["fleet_models"], p["needed"])
-    except ModelSpecError as e:
-        module.fail_json(msg=f"model_fetch_models: {e}", changed=False)
-    module.exit_json(**result)
-
-
-if __name__ == "__main__":
-    main()

@@ -53,6 +53,7 @@ def test_install_switch_rollback_and_prune(tmp_path):
 
     r = install(root, "aaaa-1", a, keep=3)
     assert r["changed"] and r["installed"] and r["switched"] and r["previous"] is None, r
+    assert r["info"] == {"name": "aaaa-1"}  # the build-info.json of what current points at
     assert links(root) == ("aaaa-1", None)
     assert (root / "current" / "bin" / "llama-server").exists()
     assert sorted(os.listdir(root / "builds")) == ["aaaa-1"]  # no .unpack-* left behind
@@ -65,7 +66,7 @@ def test_install_switch_rollback_and_prune(tmp_path):
     assert links(root) == ("bbbb-2", "aaaa-1")
 
     r = run_module("llamacpp_install", {"install_root": str(root), "rollback": True}, check_rc=False)
-    assert r["changed"] and r["current"] == "aaaa-1" and r["previous"] == "bbbb-2", r
+    assert r["changed"] and r["current"] == "aaaa-1" and r["previous"] == "bbbb-2" and r["info"]["name"] == "aaaa-1", r
     assert links(root) == ("aaaa-1", "bbbb-2")
 
     # keep 1: the oldest build that is neither current nor previous goes
