@@ -20,7 +20,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, params = self.validate_argument_spec(argument_spec=PLAN_ARGUMENT_SPEC, **PLAN_CONSTRAINTS)
+        # [1]: the validated parameters (an invalid argument raises before this returns)
+        params = self.validate_argument_spec(argument_spec=PLAN_ARGUMENT_SPEC, **PLAN_CONSTRAINTS)[1]
         try:
             out, warnings = plan(params)
         except ModelSpecError as e:

@@ -39,7 +39,7 @@ def installed_builds(builds_dir: str) -> list[tuple[str, float]]:
 def to_prune(builds: list[tuple[str, float]], keep: int, protected: set[str]) -> list[str]:
     """The builds beyond the `keep` most recent (by mtime), never one in `protected` (current, previous)."""
     ordered = sorted(builds, key=lambda b: (b[1], b[0]), reverse=True)
-    return sorted(name for name, _ in ordered[max(keep, 0) :] if name not in protected)
+    return sorted(build[0] for build in ordered[max(keep, 0) :] if build[0] not in protected)
 
 
 def switch_plan(current: str | None, previous: str | None, to: str) -> dict:

@@ -10,14 +10,14 @@ module: host_files
 short_description: Ensure a set of directories and small text files (content, owner, group, mode) in one call
 version_added: "0.4.0"
 description:
-  - Creates O(directories), then writes each of O(files) and O(secret_files) whose content, owner, group or mode
+  - Creates O(directories), then writes each of O(files) and O(private_files) whose content, owner, group or mode
     differ - atomically (a temporary file in the same directory, renamed over the old one), so a reader never
     sees half a file. Files whose content already matches are left alone (only owner, group and mode are set).
   - One round trip for what would otherwise be one M(ansible.builtin.file) or M(ansible.builtin.copy) task per
     path (each of those costs several). The roles use it for the files one stage writes together - the systemd
     template unit and its configuration directory; an instance's drop-in, API key and environment file.
-  - O(secret_files) take the same keys as O(files); their content is never logged, returned or shown in a diff.
-  - With O(daemon_reload), runs C(systemctl daemon-reload) after a change to any of O(files) or O(secret_files).
+  - O(private_files) take the same keys as O(files); their content is never logged, returned or shown in a diff.
+  - With O(daemon_reload), runs C(systemctl daemon-reload) after a change to any of O(files) or O(private_files).
   - Standard library only (Python 3.8+).
 author:
   - llamafleet maintainers (!UNKNOWN)
@@ -64,8 +64,8 @@ options:
       mode:
         description: Octal mode, a string such as C("0644").
         type: str
-  secret_files:
-    description: Like O(files), for content that must never be shown (API keys); the content is C(no_log).
+  private_files:
+    description: Like O(files), for content that must never be shown (API keys) - the content is C(no_log).
       Default mode 0600.
     type: list
     elements: dict
@@ -98,7 +98,7 @@ attributes:
     description: Writes nothing; reports what would change.
   diff_mode:
     support: full
-    description: Before and after of each changed file of O(files) (never of O(secret_files)).
+    description: Before and after of each changed file of O(files) (never of O(private_files)).
 """
 
 EXAMPLES = r"""
@@ -109,7 +109,7 @@ EXAMPLES = r"""
     files:
       - {path: /etc/systemd/system/llama-server@main.service.d/10-llamafleet.conf, content: "{{ dropin }}"}
       - {path: /etc/llama-server/main.env, content: "{{ env_file }}"}
-    secret_files:
+    private_files:
       - {path: /etc/llama-server/main.key, content: "{{ api_key }}\n"}
     daemon_reload: true
 """
@@ -244,7 +244,7 @@ def main():
         argument_spec={
             "directories": {"type": "list", "elements": "dict", "default": [], "options": attrs()},
             "files": {"type": "list", "elements": "dict", "default": [], "options": attrs(content={"type": "str"})},
-            "secret_files": {
+            "private_files": {
                 "type": "list",
                 "elements": "dict",
                 "default": [],
@@ -255,7 +255,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    for opt in ("directories", "files", "secret_files"):
+    for opt in ("directories", "files", "private_files"):
         for entry in p[opt]:
             if not os.path.isabs(entry["path"]):
                 module.fail_json(msg=f"{opt}: path={entry['path']} is not absolute")
@@ -268,7 +268,7 @@ def main():
             changed_paths.append(entry["path"])
     files_changed = False
     for entry, default_mode, secret in [(e, 0o644, False) for e in p["files"]] + [
-        (e, 0o600, True) for e in p["secret_files"]
+        (e, 0o600, True) for e in p["private_files"]
     ]:
         if ensure_file(module, entry, default_mode, secret, diffs):
             changed_paths.append(entry["path"])

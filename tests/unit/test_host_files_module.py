@@ -17,7 +17,7 @@ def args(tmp, env="A=1\n", key=SECRET):
     return {
         "directories": [{"path": d, "mode": "0750"}],
         "files": [{"path": f"{d}/10.conf", "content": "[Service]\n"}, {"path": f"{d}/main.env", "content": env}],
-        "secret_files": [{"path": f"{d}/main.key", "content": key + "\n"}],
+        "private_files": [{"path": f"{d}/main.key", "content": key + "\n"}],
     }
 
 
