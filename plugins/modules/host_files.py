@@ -33,7 +33,8 @@ options:
         type: path
         required: true
       owner:
-        description: Owner (name); unset leaves it as it is (a new path gets the module's user).
+        description: Owner (name); unset leaves it as it is (a new path gets the module's user). A user that does
+          not exist fails, except in check mode (an earlier task may create it), where the path reports a change.
         type: str
       group:
         description: Group (name); unset leaves it as it is.
@@ -146,15 +147,24 @@ def attrs(**more):
 
 
 def ids(module, entry):
-    """(uid, gid) for the entry's owner and group; -1 leaves one as it is."""
+    """(uid, gid) for the entry's owner and group; -1 leaves one as it is.
+
+    A user or group that does not exist fails - except in check mode, where an earlier task of the same run
+    (which check mode did not run) may create it: then it is None, and the path reports a change."""
+
+    def lookup(kind, name, get):
+        try:
+            return get(name)
+        except KeyError:
+            if module.check_mode:
+                return None
+            module.fail_json(msg=f"{entry['path']}: no such {kind} {name!r}")
+
     uid = gid = -1
-    try:
-        if entry.get("owner") not in (None, ""):
-            uid = pwd.getpwnam(str(entry["owner"])).pw_uid
-        if entry.get("group") not in (None, ""):
-            gid = grp.getgrnam(str(entry["group"])).gr_gid
-    except KeyError as e:
-        module.fail_json(msg=f"{entry['path']}: no such user or group {e}")
+    if entry.get("owner") not in (None, ""):
+        uid = lookup("user", str(entry["owner"]), lambda n: pwd.getpwnam(n).pw_uid)
+    if entry.get("group") not in (None, ""):
+        gid = lookup("group", str(entry["group"]), lambda n: grp.getgrnam(n).gr_gid)
     return uid, gid
 
 
@@ -167,6 +177,8 @@ def mode_of(module, entry, default):
 
 
 def attrs_differ(st, uid, gid, mode):
+    if uid is None or gid is None:  # check mode: the user or group does not exist yet
+        return True
     return (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid) or (st.st_mode & 0o7777) != mode
 
 

@@ -63,3 +63,14 @@ def test_bad_input_fails_before_writing(tmp_path):
     bad["files"][0]["mode"] = "rw-r--r--"
     r = run_module("host_files", bad, check_rc=False)
     assert r["failed"] and "not an octal mode" in r["msg"], r
+
+
+def test_unknown_group_fails_except_in_check_mode(tmp_path):
+    """Check mode cannot create the group an earlier task of the run would have created: it predicts a change."""
+    entry = {"directories": [{"path": str(tmp_path / "models"), "group": "llamafleet-no-such-group", "mode": "0750"}]}
+    r = run_module("host_files", entry, check_mode=True)
+    assert r["changed"] and r["changed_paths"] == [str(tmp_path / "models")], r
+    assert not (tmp_path / "models").exists()
+    r = run_module("host_files", entry, check_rc=False)
+    assert r["failed"] and "no such group 'llamafleet-no-such-group'" in r["msg"], r
+    assert not (tmp_path / "models").exists()  # checked before anything is written
