@@ -152,60 +152,13 @@ nvidia_smi_output:
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.llamafleet.mtp.plugins.module_utils.nvidia_smi import (
-    GpuError,
-    NoDevicesError,
-    NvidiaSmiError,
-    collect,
-    empty_facts,
-)
+from ansible_collections.llamafleet.mtp.plugins.module_utils.gpu_read import GPU_OPTIONS, read_gpu_facts
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "nvidia_smi": {"type": "path"},
-            "required": {"type": "bool", "default": False},
-            "require_healthy": {"type": "str", "default": "none", "choices": ["none", "any", "all"]},
-        },
-        supports_check_mode=True,
-    )
-    required = module.params["required"]
-    path = module.params["nvidia_smi"]
-    if path:
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            module.fail_json(msg=f"nvidia_smi={path} is not an executable file; give the path of nvidia-smi or omit it")
-    else:
-        path = module.get_bin_path("nvidia-smi")
-
-    def no_gpu(reason: str) -> None:
-        if required:
-            module.fail_json(msg=f"required=true but this host has no usable NVIDIA GPU: {reason}")
-        module.exit_json(changed=False, ansible_facts={"gpu_facts": empty_facts()})
-
-    if not path:
-        no_gpu("nvidia-smi is not on PATH (install the NVIDIA driver, or set nvidia_smi)")
-
-    def run(argv: list[str]) -> tuple[int, bytes, bytes]:
-        # bytes: collect() decodes them with replacement, so a non-UTF-8 byte cannot break the result
-        return module.run_command(argv, environ_update={"LC_ALL": "C"}, encoding=None)
-
-    try:
-        facts = collect(run, path, module.params["require_healthy"])
-    except NoDevicesError as e:
-        no_gpu(str(e))
-    except GpuError as e:
-        module.fail_json(msg=str(e), gpu_facts=e.facts, nvidia_smi_output=e.output)
-    except NvidiaSmiError as e:
-        module.fail_json(msg=str(e), nvidia_smi_output=e.output)
-    for gpu in facts["gpus"]:
-        if not gpu["healthy"]:
-            module.warn(f"GPU {gpu['index']} ({gpu['pci_bus_id'] or 'bus id unknown'}) is not healthy: {gpu['error']}")
-    if facts["topology"].get("error"):
-        module.warn(f"no GPU topology: {facts['topology']['error']}")
+    module = AnsibleModule(argument_spec=GPU_OPTIONS, supports_check_mode=True)
+    facts = read_gpu_facts(module, **module.params)
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

@@ -31,6 +31,26 @@ options:
     description: Seconds to wait for each recorded instance's C(/health).
     type: float
     default: 3
+  gpu_facts:
+    description:
+      - Also read the GPU topology, exactly as P(llamafleet.mtp.gpu_facts#module) does with these options, and set
+        its fact C(gpu_facts) - so that the facts stage reads a host in one round trip. Read first, so that
+        O(gpu_facts.required) fails before anything else is read. Not set - no GPU read.
+    type: dict
+    suboptions:
+      nvidia_smi:
+        description: Path of the nvidia-smi executable; looked up on E(PATH) when not set.
+        type: path
+      required:
+        description: Fail when the host has no usable NVIDIA GPU (no nvidia-smi, or no devices).
+        type: bool
+        default: false
+      require_healthy:
+        description: What to do when nvidia-smi reports GPUs that are not healthy (as in
+          P(llamafleet.mtp.gpu_facts#module)).
+        type: str
+        default: none
+        choices: [none, any, all]
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.read_only
   - llamafleet.mtp.attributes.host_paths
@@ -40,6 +60,11 @@ EXAMPLES = r"""
 - name: Read what the host runs now
   llamafleet.mtp.llama_host_state:
 
+- name: Read the host in one round trip - GPU topology (gpu_facts) and what it runs (llama_host_state)
+  llamafleet.mtp.llama_host_state:
+    gpu_facts:
+      require_healthy: any
+
 - name: Serving hosts roll, fresh hosts converge in parallel
   ansible.builtin.group_by:
     key: "llamafleet_{{ 'serving' if ansible_facts.llama_host_state.serving else 'fresh' }}"
@@ -47,7 +72,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_facts:
-  description: The fact C(llama_host_state).
+  description: The fact C(llama_host_state), and C(gpu_facts) with O(gpu_facts) (as
+    P(llamafleet.mtp.gpu_facts#module) sets it).
   returned: always
   type: dict
   contains:
@@ -95,6 +121,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import drift, record_paths, scan
+from ansible_collections.llamafleet.mtp.plugins.module_utils.gpu_read import GPU_OPTIONS, read_gpu_facts
 
 
 def _meminfo():
@@ -179,9 +206,12 @@ def main():
             "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
             "applied_path": {"type": "path", "default": "/var/lib/llamafleet/applied.json"},
             "health_timeout": {"type": "float", "default": 3},
+            "gpu_facts": {"type": "dict", "options": GPU_OPTIONS},
         },
         supports_check_mode=True,
     )
+    # GPUs first: a host that must have GPUs and has none fails before anything else is read.
+    gpu = read_gpu_facts(module, **module.params["gpu_facts"]) if module.params["gpu_facts"] is not None else None
     root = module.params["install_root"]
     build = None
     try:
@@ -228,7 +258,10 @@ def main():
         "python_apt": _python_apt(),
     }
     facts["applied"] = _applied(module.params, instances)
-    module.exit_json(changed=False, ansible_facts={"llama_host_state": facts})
+    published = {"llama_host_state": facts}
+    if gpu is not None:
+        published["gpu_facts"] = gpu
+    module.exit_json(changed=False, ansible_facts=published)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,26 @@ def test_nonutf8_byte_in_nvidia_smi_output(tmp_path):
     failed = gpu_facts(f"nvidia_smi={STANDIN} require_healthy=all", str(path))
     assert failed["failed"] and "\n" not in failed["msg"]
     assert "\ufffd" in failed["nvidia_smi_output"]
+
+
+def test_llama_host_state_reads_the_same_gpu_facts_in_one_call(tmp_path):
+    """The facts stage's one round trip: llama_host_state with gpu_facts publishes what gpu_facts publishes."""
+    profile = "noderecord-8x-h200-nvswitch"
+    env = {"NVIDIA_SMI_PROFILE": str(PROFILES_DIR / f"{profile}.json")}
+    extra = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
+    args = {
+        "install_root": str(tmp_path / "opt"),
+        "config_dir": str(tmp_path / "etc"),
+        "applied_path": str(tmp_path / "applied.json"),
+        "gpu_facts": {"nvidia_smi": str(STANDIN), "require_healthy": "any"},
+    }
+    result = run_module("llama_host_state", args, extra_env=env, extra_args=extra)
+    facts = result["ansible_facts"]
+    assert facts["gpu_facts"] == facts_from_profile(PROFILES_DIR / f"{profile}.json")
+    assert facts["llama_host_state"]["build"] is None and facts["llama_host_state"]["instances"] == {}
+
+    failed = run_module(
+        "llama_host_state", {**args, "gpu_facts": {"required": True}}, extra_args=extra, path="/usr/bin:/bin"
+    )
+    assert failed["failed"] and "nvidia-smi is not on PATH" in failed["msg"]
+    assert "llama_host_state" not in (failed.get("ansible_facts") or {})
