@@ -32,14 +32,14 @@ options:
         description: Absolute path.
         type: path
         required: true
-      owner:
+      owner: &owner
         description: Owner (name); unset leaves it as it is (a new path gets the module's user). A user that does
           not exist fails, except in check mode (an earlier task may create it), where the path reports a change.
         type: str
-      group:
-        description: Group (name); unset leaves it as it is.
+      group: &group
+        description: Group (name); unset leaves it as it is. A missing group is handled as a missing owner is.
         type: str
-      mode:
+      mode: &mode
         description: Octal mode, a string such as C("0644").
         type: str
   files:
@@ -47,48 +47,25 @@ options:
     type: list
     elements: dict
     default: []
-    suboptions:
+    suboptions: &file_entry
       path:
         description: Absolute path; its directory must exist (or be listed in O(directories)).
         type: path
         required: true
       content:
-        description: The whole content (UTF-8 text).
+        description: The whole content (UTF-8 text); for O(private_files) never logged or returned.
         type: str
         required: true
-      owner:
-        description: Owner (name); unset leaves it as it is.
-        type: str
-      group:
-        description: Group (name); unset leaves it as it is.
-        type: str
-      mode:
-        description: Octal mode, a string such as C("0644").
-        type: str
+      owner: *owner
+      group: *group
+      mode: *mode
   private_files:
     description: Like O(files), for content that must never be shown (API keys) - the content is C(no_log).
       Default mode 0600.
     type: list
     elements: dict
     default: []
-    suboptions:
-      path:
-        description: Absolute path; its directory must exist (or be listed in O(directories)).
-        type: path
-        required: true
-      content:
-        description: The whole content (UTF-8 text); never logged or returned.
-        type: str
-        required: true
-      owner:
-        description: Owner (name); unset leaves it as it is.
-        type: str
-      group:
-        description: Group (name); unset leaves it as it is.
-        type: str
-      mode:
-        description: Octal mode, a string such as C("0600").
-        type: str
+    suboptions: *file_entry
   daemon_reload:
     description: Run C(systemctl daemon-reload) when any file changed (not in check mode).
     type: bool
