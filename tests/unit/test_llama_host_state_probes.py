@@ -1,0 +1,72 @@
+"""llama_host_state's two probes that run on every host of every run: an instance's /health, python3-apt.
+
+The health probe talks to a real HTTP server on localhost (http.server in a thread); the python3-apt probe
+is compared with a real `import apt` in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+pytest.importorskip("ansible")
+
+from ansible_collections.llamafleet.mtp.plugins.modules.llama_host_state import _health, _python_apt  # noqa: E402
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802  # http.server's name
+        code = {"/health": 200, "/busy": 503}.get(self.path.split("?")[0], 404)
+        body = b'{"status":"ok"}' if code == 200 else b'{"error":"loading model"}'
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_is_the_status_code(server):
+    assert _health(f"{server}/health", 2) == 200
+    assert _health(f"{server}/health?x=1", 2) == 200
+    assert _health(f"{server}/busy", 2) == 503  # llama-server while it loads the model
+    assert _health(f"{server}/nothing", 2) == 404
+
+
+def test_health_of_an_instance_that_does_not_answer_is_a_short_reason():
+    code = _health(f"http://127.0.0.1:{_closed_port()}/health", 2)
+    assert isinstance(code, str) and code and "\n" not in code and len(code) <= 120
+    assert code != 200
+
+
+def test_health_over_https_to_a_plain_http_server_fails_without_raising(server):
+    code = _health(server.replace("http://", "https://") + "/health", 2)
+    assert isinstance(code, str) and code
+
+
+def test_python_apt_says_whether_import_apt_works():
+    imports = subprocess.run([sys.executable, "-c", "import apt"], capture_output=True, check=False).returncode == 0
+    assert _python_apt() is imports
