@@ -196,7 +196,7 @@ import json
 import os
 import tempfile
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible.module_utils.basic import env_fallback
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.llamafleet.mtp.plugins.module_utils.github_pr import (
     API_VERSION,
@@ -211,6 +211,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.github_pr import (
     rate_limit_line,
     release_tags,
 )
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 
 class RateLimited(Exception):

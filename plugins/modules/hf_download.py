@@ -176,7 +176,6 @@ client_version:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.mtp.plugins.module_utils.hf_fetch import (
     HubError,
     client_version,
@@ -184,6 +183,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.hf_fetch import (
     setup_environment,
 )
 from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import VerifyError
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 
 def _octal(module: AnsibleModule, key: str) -> int:

@@ -109,7 +109,7 @@ import os
 import pwd
 import tempfile
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 
 def attrs(**more):

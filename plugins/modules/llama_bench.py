@@ -124,7 +124,6 @@ row:
 
 import json
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import (
     BenchError,
@@ -133,6 +132,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import 
     parse_metrics,
     summarize,
 )
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 
 def _get(module, url, headers, timeout):

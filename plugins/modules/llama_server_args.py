@@ -374,7 +374,6 @@ binary_identity:
 import os
 import pwd
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import argument_spec
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import GGUFError, gguf_info
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_server_args import (
@@ -383,6 +382,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_server_args i
     model_path_for,
     render,
 )
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 
 def _stat_identity(paths: list[str]) -> str:

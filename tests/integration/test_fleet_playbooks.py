@@ -25,7 +25,10 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
  9. a host reached as an unprivileged user with sudo (become) converges site.yml and the upgrade;
 10. the gateway (role llama_gateway on <prefix>-gateway): a killed instance leaves the pool within the
     health-check interval and only requests in flight on it fail; a bad API key gets 401; the file_sd
-    targets and both /metrics answer. Test 2 also runs openai clients through the gateway (0 failures).
+    targets and both /metrics answer. Test 2 also runs openai clients through the gateway (0 failures);
+11. after all of the above (converges, upgrades, a rollback, the benchmark), the instances' API key is in
+    no journal of any host or the gateway, not in the controller's ansible log, the ansible-runner artifacts
+    (job events, stdout) of every run, or any host's applied-state record.
 """
 
 from __future__ import annotations
@@ -138,6 +141,8 @@ def play(playbook, inventory, tmp_path_factory, *, check=False, extravars=None, 
         limit=limit,
         envvars={
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            # the controller's log of every run of the sequence (test 11 searches it for secrets)
+            "ANSIBLE_LOG_PATH": str(tmp_path_factory.getbasetemp() / "ansible.log"),
             "LLAMA_MTP_CACHE": str(CACHE),
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         },
@@ -673,6 +678,34 @@ def test_10_gateway_killed_instance_leaves_the_pool_bad_key_401_metrics():
     bearer = {"Authorization": f"Bearer {api_key()}"}
     req = urllib.request.Request(f"http://{container_ip(H1)}:8080/metrics", headers=bearer)
     assert "llamacpp:" in urllib.request.urlopen(req, timeout=10).read().decode()
+
+
+def test_11_no_secret_in_any_log(tmp_path_factory):
+    """The API key reaches each host only as its root-only key file: never a log, an artifact or a record.
+    (The HF token and the gateway's own key lists are searched the same way by the model_fetch and
+    llama_gateway molecule scenarios; the sandbox has neither.)"""
+    key = api_key()
+    assert len(key) >= 16
+    base = tmp_path_factory.getbasetemp()
+    assert (base / "ansible.log").stat().st_size > 0
+    searched, found = 0, []
+    for f in base.rglob("*"):
+        if f.is_file():
+            searched += 1
+            if key.encode() in f.read_bytes():
+                found.append(str(f.relative_to(base)))
+    assert searched > 100, searched  # every run's artifacts (job events, stdout), the controller's log
+    alive = [h for h in (*HOSTS, H3, GATEWAY) if subprocess.run(["podman", "container", "exists", h]).returncode == 0]
+    assert set(HOSTS) | {GATEWAY} <= set(alive), alive
+    for h in alive:
+        invoked = on_host(h, "sh", "-c", "journalctl --no-pager -o export | grep -ac 'Invoked with'", check=False)
+        assert int(invoked.strip() or 0) > 0, h  # the modules' calls are in the journal to search
+        n = on_host(h, "sh", "-c", f"journalctl --no-pager -o export | grep -acF -- '{key}'", check=False).strip()
+        if n != "0":
+            found.append(f"{h}: journal ({n} entries)")
+        if h != GATEWAY and key in on_host(h, "cat", "/var/lib/llamafleet/applied.json", check=False):
+            found.append(f"{h}: /var/lib/llamafleet/applied.json")
+    assert not found, f"the API key is in: {found}"
 
 
 def test_zz_print_times():

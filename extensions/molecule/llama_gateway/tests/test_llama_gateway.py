@@ -150,3 +150,14 @@ def test_openai_client_from_the_controller(host):
     assert any(ch.choices and ch.choices[0].delta.content for ch in chunks)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_no_key_in_the_journal(host):
+    """AnsibleModule logs every module call to the journal ("Invoked with ..."):
+    the gateway's API key (its key lists are multi-line files) must never be there."""
+    # every field of every entry (export format: the module's options are fields too), searched on the host
+    invoked = host.run("journalctl --no-pager -o export | grep -ac 'Invoked with'")
+    assert int(invoked.stdout.strip() or 0) > 0  # the modules' calls are there to search
+    for secret in (KEY,):
+        found = host.run(f"journalctl --no-pager -o export | grep -acF -- {shlex.quote(secret)}")
+        assert found.stdout.strip() == "0", f"{secret[:6]}... is in the journal {found.stdout.strip()} times"

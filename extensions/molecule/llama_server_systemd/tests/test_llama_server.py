@@ -252,3 +252,14 @@ def test_openai_client_chat_completion_from_the_controller(host):
     assert resp.usage.completion_tokens == 16
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+
+
+def test_no_api_key_in_the_journal(host):
+    """AnsibleModule logs every module call to the journal ("Invoked with ..."):
+    the instance's API key (its file ends in a newline) must never be there."""
+    # every field of every entry (export format: the module's options are fields too), searched on the host
+    invoked = host.run("journalctl --no-pager -o export | grep -ac 'Invoked with'")
+    assert int(invoked.stdout.strip() or 0) > 0  # the modules' calls are there to search
+    for secret in (key(host),):
+        found = host.run(f"journalctl --no-pager -o export | grep -acF -- {shlex.quote(secret)}")
+        assert found.stdout.strip() == "0", f"{secret[:6]}... is in the journal {found.stdout.strip()} times"

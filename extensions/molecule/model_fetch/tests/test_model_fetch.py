@@ -7,6 +7,7 @@ stand-in (the one stand-in: Hugging Face itself is out of reach). Expected hashe
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,14 @@ def test_only_host_a_talked_to_the_hub(host):
     else:
         assert not venv.exists
         assert not host.file(f"{ROOT}/big").exists
+
+
+def test_no_hf_token_in_the_journal(host):
+    """AnsibleModule logs every module call to the journal ("Invoked with ..."):
+    the HF tokens must never be there."""
+    # every field of every entry (export format: the module's options are fields too), searched on the host
+    invoked = host.run("journalctl --no-pager -o export | grep -ac 'Invoked with'")
+    assert int(invoked.stdout.strip() or 0) > 0  # the modules' calls are there to search
+    for secret in (HUB["good_token"], HUB["other_token"]):
+        found = host.run(f"journalctl --no-pager -o export | grep -acF -- {shlex.quote(secret)}")
+        assert found.stdout.strip() == "0", f"{secret[:6]}... is in the journal {found.stdout.strip()} times"
