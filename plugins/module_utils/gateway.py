@@ -43,8 +43,9 @@ def servers(published, backend_hosts, gateway_host, instance_names=None, host_st
     without published facts that did not serve before (a fresh host that failed, or that check mode could not
     deploy) is left out and listed in ``skipped``; one that served, or that this run did not read (``--limit``),
     is an error: dropping it would take a serving host out of the gateway.
-    Returns a list of ``{name, host, instance, address, port, api_key, target}`` (``target``: the
-    instance's advertised ``host:port``, for Prometheus), in host then instance order;
+    Returns a list of ``{name, host, instance, address, port, api_key, target, slots}`` (``target``: the
+    instance's advertised ``host:port``, for Prometheus; ``slots``: its ``parallel``, the requests it decodes
+    at once, None when the facts predate it), in host then instance order;
     raises GatewayError naming every host and instance that cannot be a backend.
     """
     wanted = set(instance_names or [])
@@ -87,6 +88,7 @@ def servers(published, backend_hosts, gateway_host, instance_names=None, host_st
                     "port": int(parts.port or inst["port"]),
                     "api_key": bool(inst.get("api_key")),
                     "target": urlsplit(inst.get("url") or "").netloc,
+                    "slots": int(inst["parallel"]) if isinstance(inst.get("parallel"), int) else None,
                 }
             )
     if wanted and not problems:

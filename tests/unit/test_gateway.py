@@ -87,3 +87,11 @@ def test_ipv6_address_is_bracketed():
 
 def test_server_name_is_one_spelling():
     assert server_name("llama-1", "main-0") == "llama-1_main-0"
+
+
+def test_slots_are_the_instances_parallel_unknown_in_older_facts():
+    """The gateway's maxconn per server is the instance's slots; facts published before slots existed say None."""
+    a, b = inst("main", 8080), inst("big", 8081)
+    a["parallel"] = 4
+    out = servers({"h1": facts(a, b)}, ["h1"], "gw")
+    assert [(s["name"], s["slots"]) for s in out["servers"]] == [("h1_main", 4), ("h1_big", None)]
