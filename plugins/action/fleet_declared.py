@@ -116,7 +116,7 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         facts = task_vars.get("ansible_facts") or {}
         # What decides what the host runs: the resolved declared state, the role variables, the collection,
-        # the GPUs (not their free memory) and what the caller adds (the resolved commit of the ref).
+        # the GPUs (not their free memory), the CPUs and what the caller adds (the resolved commit of the ref).
         digest = declared_digest(
             {
                 "declared": state,
@@ -125,6 +125,8 @@ class ActionModule(ActionBase):
                 "collection": collection_digest(),
                 "gpus": gpu_identity(facts.get("gpu_facts")),
                 "mem_total_bytes": (facts.get("llama_host_state") or {}).get("mem_total_bytes"),
+                # the CPUs the host may use: the plan divides them between its instances
+                "cpus": [(facts.get("llama_host_state") or {}).get(k) for k in ("cpus", "cpu_cores_online")],
             }
         )
         applied = args.get("applied")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import re
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import divide as cores_divide
 from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
 
 # The llama.cpp ref when the inventory declares none (PR ggml-org/llama.cpp#22673 merged as b9180).
@@ -69,8 +70,13 @@ FIELDS: dict = {
     "main_gpu": {"type": "int"},
     "n_gpu_layers": {"type": "int"},
     "force_split_mode_tensor": {"type": "bool", "default": False, "plan": "force_tensor_split"},
-    "threads": {"type": "int"},
+    "threads": {"type": "int", "doc": "--threads; it also gets that many cores of its own when it shares the host."},
     "threads_batch": {"type": "int"},
+    "allow_oversubscribe": {
+        "type": "bool",
+        "default": False,
+        "doc": "Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count).",
+    },
     "batch_size": {"type": "int"},
     "ubatch_size": {"type": "int"},
     "webui": {"type": "bool", "default": False},
@@ -497,4 +503,58 @@ def plan_host(*, host, instances, models, gpu_facts, host_state, declared_models
             count = len(p.get("instances") or [])
             held[name] = sum(int((running.get(n) or {}).get("rss_bytes") or 0) for n in _replica_names(name, count))
     problems += memory_problems(host, cpu_needs, (host_state or {}).get("mem_available_bytes"), held)
-    return {"plan": plans, "instances": out, "problems": problems, "notes": notes}
+    cpu_problems, cpu_notes = divide_cores(host, instances, plans, host_state or {}, gpu_facts)
+    return {"plan": plans, "instances": out, "problems": problems + cpu_problems, "notes": notes + cpu_notes}
+
+
+def _replicas_planned(inst, p):
+    """How many replicas of a planned instance the server runs (as llama_server_args counts them)."""
+    n = len(p.get("instances") or [])
+    replicas = inst.get("replicas", 1)
+    if isinstance(replicas, str) and replicas.strip().lower() == "auto":
+        return n
+    try:
+        return max(1, min(int(replicas), n))
+    except (TypeError, ValueError):
+        return min(1, n)
+
+
+def divide_cores(host, instances, plans, host_state, gpu_facts):
+    """Give the replicas that share this host's CPUs disjoint whole cores (module_utils/cpu_cores.divide).
+
+    Each planned replica's plan instance gets ``cpus`` (systemd CPUAffinity=) and ``threads`` (--threads and
+    --threads-batch where the instance leaves them unset); GPU replicas take cores on their GPUs' NUMA node. An
+    instance that pins ``threads`` gets that many cores; one with ``allow_oversubscribe`` gets none and keeps
+    llama.cpp's own choice, as does an instance alone on its host unless the host is confined to fewer cores
+    than the machine has online (``host_state.cpu_cores_online``). Returns ``(problems, notes)``.
+    """
+    numa = {g.get("index"): g.get("numa_node") for g in (gpu_facts or {}).get("gpus") or []}
+    demands, slots, problems, notes = [], {}, [], []
+    for inst in instances:
+        name = inst.get("name")
+        p = plans.get(name)
+        if p is None:
+            if not inst.get("allow_oversubscribe"):
+                notes.append(f"{where(host, name)}: not planned, so it gets no cores of its own")
+            continue
+        for i in range(_replicas_planned(inst, p)):
+            pinst = p["instances"][i]
+            if inst.get("allow_oversubscribe"):
+                continue
+            nodes = {numa.get(d) for d in pinst.get("devices") or []} - {None}
+            label = f"{name}-{i}" if str(inst.get("replicas", 1)).strip() not in ("1", "") else name
+            demands.append({"name": label, "cores": inst.get("threads"), "node": min(nodes) if nodes else None})
+            slots[label] = pinst
+    cpus, online = host_state.get("cpus"), host_state.get("cpu_cores_online")
+    if not demands:
+        return problems, notes
+    if not cpus:
+        if len(demands) > 1:
+            notes.append(f"{where(host)}: its CPU topology is unknown; the instances share every core")
+        return problems, notes
+    division, why = cores_divide(cpus, demands, online)
+    problems += [f"{where(host)}: {w}" for w in why]
+    for label, cores in division.items():
+        slots[label]["cpus"] = cores["cpus"]
+        slots[label]["threads"] = cores["threads"]
+    return problems, notes

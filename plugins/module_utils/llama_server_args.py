@@ -28,6 +28,7 @@ import math
 import re
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances
+from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import format_cpu_list
 
 UNIT = "llama-server"
 CREDENTIAL = "api-key"
@@ -558,7 +559,8 @@ def render(
                 problems.append(f"instance {label!r}: draft_n_max must be a positive integer, got {draft_n_max!r}")
 
         ctx = _setting(inst, plan, "context", problems)
-        common = ["--parallel", str(_setting(inst, plan, "parallel", problems))]
+        slots = _setting(inst, plan, "parallel", problems)
+        common = ["--parallel", str(slots)]
         if _setting(inst, plan, "kv_unified", problems):
             common += ["--kv-unified"]
         for key, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
@@ -571,8 +573,6 @@ def render(
             common += ["--flash-attn", inst["flash_attn"]]
         tuning = []
         for key, flag in (
-            ("threads", "--threads"),
-            ("threads_batch", "--threads-batch"),
             ("batch_size", "--batch-size"),
             ("ubatch_size", "--ubatch-size"),
         ):
@@ -628,6 +628,13 @@ def render(
                 args += ["--alias", inst["alias"]]
             if ctx is not None:
                 args += ["--ctx-size", str(ctx)]
+            # Cores of its own (the plan divides a shared host's cores): as many threads as cores, unless pinned.
+            cpus = (plan_inst or {}).get("cpus") or None
+            threads = inst.get("threads") or (plan_inst or {}).get("threads") if cpus else inst.get("threads")
+            threads_batch = inst.get("threads_batch") or (threads if cpus else None)
+            for flag, n in (("--threads", threads), ("--threads-batch", threads_batch)):
+                if n is not None:
+                    args += [flag, str(n)]
             args += common + place_args + tuning
             notes = []
             if inst.get("metrics"):
@@ -673,6 +680,8 @@ def render(
                 "mtp": bool(mtp and spec_type),
                 "spec_type": spec_type if mtp else None,
                 "draft_n_max": draft_n_max if mtp else None,
+                "parallel": slots,
+                "cpus": cpus,
                 "model": inst.get("model"),
                 "model_path": path,
                 "model_size_bytes": int(info.get("size_bytes") or 0),
@@ -739,6 +748,9 @@ def dropin(inst: dict) -> str:
     lines += [f"ReadOnlyPaths=-{p}" for p in inst["read_only_paths"]]
     if inst["api_key"]:
         lines.append(f"LoadCredential={CREDENTIAL}:{inst['key_file']}")
+    if inst.get("cpus"):
+        lines.append("# Its own cores on a host it shares (the plan divides them; --threads matches).")
+        lines.append(f"CPUAffinity={format_cpu_list(inst['cpus'])}")
     if inst["mode"] == "gpu":
         lines += [
             "# CUDA: the GPU device nodes (DevicePolicy=closed stays), W+X memory for the driver's JIT,",

@@ -107,6 +107,18 @@ ansible_facts:
         python_apt:
           description: Whether the Python that runs modules can import apt (python3-apt).
           type: bool
+        cpus:
+          description: >-
+            The logical CPUs processes may run on here (the module's CPU affinity: a container's cpuset), each
+            C({cpu, core, package, node}) (SMT siblings share C(core) and C(package); C(node) is the NUMA node);
+            the planner divides them between the instances. Null when the topology cannot be read.
+          type: list
+          elements: dict
+        cpu_cores_online:
+          description: >-
+            The physical cores the machine has online, which llama.cpp counts for its default C(--threads) whatever
+            the affinity; more than C(cpus) holds means the host is confined (a container's cpuset).
+          type: int
         applied:
           description: >-
             What the last successful converge recorded (C(digest), C(facts), C(instances), C(written)) and C(drift),
@@ -121,6 +133,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import drift, record_paths, scan
+from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import cores_online, read_cpus
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gpu_read import GPU_OPTIONS, read_gpu_facts
 
 
@@ -275,6 +288,8 @@ def main():
         "mem_available_bytes": mem.get("MemAvailable"),
         "mem_total_bytes": mem.get("MemTotal"),
         "python_apt": _python_apt(),
+        "cpus": read_cpus(),
+        "cpu_cores_online": cores_online(),
     }
     facts["applied"] = _applied(module.params, instances)
     published = {"llama_host_state": facts}

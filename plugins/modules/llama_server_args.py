@@ -197,11 +197,18 @@ options:
         type: bool
         default: false
       threads:
-        description: C(--threads).
+        description:
+          - C(--threads). On a host that several instances share it is also how many whole cores of its own the
+            instance gets (C(CPUAffinity=)); unset there, the instances share the cores evenly and C(--threads) and
+            C(--threads-batch) follow. An instance alone on its host keeps llama.cpp's own choice.
         type: int
       threads_batch:
         description: C(--threads-batch).
         type: int
+      allow_oversubscribe:
+        description: Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count).
+        type: bool
+        default: false
       batch_size:
         description: C(--batch-size).
         type: int
@@ -314,6 +321,13 @@ instances:
     port:
       description: Port.
       type: int
+    parallel:
+      description: Slots (C(--parallel)), the requests it decodes at once; the gateway lets that many through.
+      type: int
+    cpus:
+      description: The logical CPUs of its own (C(CPUAffinity=)) on a host it shares with other instances, else null.
+      type: list
+      elements: int
     url:
       description: Base URL (a wildcard bind uses O(advertise_host)).
       type: str

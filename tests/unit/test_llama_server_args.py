@@ -117,7 +117,7 @@ def test_spec_type_spelling_follows_the_binary(model_info):
     assert value(pr["args"], "--spec-type") == "mtp"
     assert main["spec_type"] == "draft-mtp" and pr["spec_type"] == "mtp"
     # defaults: one slot and 2 drafted tokens, as the seeds recommend with MTP
-    assert value(main["args"], "--parallel") == "1"
+    assert value(main["args"], "--parallel") == "1" and main["parallel"] == 1  # published: the gateway's maxconn
     assert value(main["args"], "--spec-draft-n-max") == "2"
     assert main["args"][:6] == ["--model", AGREE, "--host", "127.0.0.1", "--port", "8081"]
     assert {"--metrics", "--no-webui"} <= set(main["args"])
