@@ -1,7 +1,15 @@
 """Filter plugins over module_utils.llama_bench and roofline: llama_bench_compare, llama_bench_table,
-llama_bench_roofline, llama_bench_sweep, llama_bench_sweep_configs."""
+llama_bench_roofline, llama_bench_sweep, llama_bench_sweep_configs, llama_speed_gate."""
 
-from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import compare, sweep_configs, sweep_gap, table
+import os
+
+from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import (
+    compare,
+    speed_verdict,
+    sweep_configs,
+    sweep_gap,
+    table,
+)
 from ansible_collections.llamafleet.mtp.plugins.module_utils.roofline import add_roofline
 
 # Documentation: llama_bench_*.yml beside this file.
@@ -27,6 +35,22 @@ def llama_bench_sweep_configs(kind, physical_cores=0, logical_cpus=0, gpu_count=
     return sweep_configs(kind, physical_cores or 0, logical_cpus or 0, gpu_count or 0)
 
 
+def llama_speed_gate(
+    before, after, margin=0.1, build_before=None, build_after=None, models_before=None, models_after=None
+):
+    names = set(before or {}) | set(after or {})
+    context = {
+        n: {
+            "build_before": build_before,
+            "build_after": build_after,
+            "model_before": os.path.basename((models_before or {}).get(n) or "") or None,
+            "model_after": os.path.basename((models_after or {}).get(n) or "") or None,
+        }
+        for n in names
+    }
+    return speed_verdict(dict(before or {}), dict(after or {}), margin, context)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -35,4 +59,5 @@ class FilterModule:
             "llama_bench_roofline": llama_bench_roofline,
             "llama_bench_sweep": llama_bench_sweep,
             "llama_bench_sweep_configs": llama_bench_sweep_configs,
+            "llama_speed_gate": llama_speed_gate,
         }

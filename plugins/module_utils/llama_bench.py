@@ -216,3 +216,58 @@ def sweep_configs(kind: str, physical_cores: int = 0, logical_cpus: int = 0, gpu
     else:
         raise BenchError(f"unknown host kind {kind!r} for a sweep (cpu or gpu)")
     return out
+
+
+def _noise(row):
+    """Half the spread of a measurement's requests, relative to its median (0.03: +/- 3 %)."""
+    med = row.get("tok_s_median") or 0
+    if med <= 0 or row.get("tok_s_max") is None or row.get("tok_s_min") is None:
+        return None
+    return round((row["tok_s_max"] - row["tok_s_min"]) / 2 / med, 4)
+
+
+def speed_verdict(before: dict, after: dict, margin: float, context: dict | None = None) -> dict:
+    """The speed gate: is any instance slower after the change than before it, by more than ``margin``?
+
+    ``before`` / ``after``: instance name -> llama_bench row (``summarize``), measured on the same fixed
+    prompts at temperature 0 before the host changed and after it passed its health gate. Instances
+    measured only once (new, or not restarted) are reported, never judged. ``context``: instance name ->
+    ``{build_before, build_after, model_before, model_after}`` for the message.
+    Returns ``{instances: {name: {tok_s, tok_s_before, change, acceptance, acceptance_before, noise,
+    noise_before, slower}}, slower: [name], messages: [str]}``.
+    """
+    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 < margin < 1:
+        raise BenchError(f"the speed gate's margin must be a fraction between 0 and 1, got {margin!r}")
+    out, slower, messages = {}, [], []
+    for name in sorted(set(before or {}) | set(after or {})):
+        b, a = (before or {}).get(name), (after or {}).get(name)
+        entry = {
+            "tok_s": a.get("tok_s_median") if a else None,
+            "tok_s_before": b.get("tok_s_median") if b else None,
+            "acceptance": a.get("acceptance") if a else None,
+            "acceptance_before": b.get("acceptance") if b else None,
+            "noise": _noise(a) if a else None,
+            "noise_before": _noise(b) if b else None,
+            "change": None,
+            "slower": False,
+        }
+        if a and b and b.get("tok_s_median"):
+            entry["change"] = round(a["tok_s_median"] / b["tok_s_median"] - 1, 4)
+            entry["slower"] = entry["change"] < -margin
+        out[name] = entry
+        if entry["slower"]:
+            slower.append(name)
+            ctx = (context or {}).get(name) or {}
+
+            def acc(x):
+                return "no drafts" if x is None else f"MTP acceptance {x:.0%}"
+
+            messages.append(
+                f"instance {name!r}: {entry['tok_s']:.1f} tokens/s ({acc(entry['acceptance'])}, noise "
+                f"+/-{(entry['noise'] or 0):.1%}) with build {ctx.get('build_after') or '?'} and model "
+                f"{ctx.get('model_after') or '?'}, against {entry['tok_s_before']:.1f} tokens/s "
+                f"({acc(entry['acceptance_before'])}, noise +/-{(entry['noise_before'] or 0):.1%}) before with build "
+                f"{ctx.get('build_before') or '?'} and model {ctx.get('model_before') or '?'}: "
+                f"{entry['change']:+.1%}, beyond the speed gate's margin of {margin:.0%}"
+            )
+    return {"instances": out, "slower": slower, "messages": messages}

@@ -89,3 +89,40 @@ def test_compare_without_gain_or_baseline():
     assert compare(rows)["best_draft_n_max"] is None
     with pytest.raises(BenchError, match="baseline"):
         compare(rows[1:])
+
+
+# ------------------------------------------------------------------------------------------------
+# the rolling converge's speed gate
+
+
+def _row(med, lo=None, hi=None, acceptance=0.9):
+    return {"tok_s_median": med, "tok_s_min": lo or med, "tok_s_max": hi or med, "acceptance": acceptance}
+
+
+def test_speed_gate_catches_a_slowdown_beyond_the_margin_and_names_everything():
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import speed_verdict
+
+    before = {"main": _row(100.0, 97.0, 103.0, 0.92), "b": _row(50.0)}
+    after = {"main": _row(80.0, 79.0, 81.0, 0.40), "b": _row(47.0), "new": _row(10.0)}
+    ctx = {"main": {"build_before": "pr22673-abc", "build_after": "b9180-def", "model_before": "m-agree.gguf",
+                    "model_after": "m-partial.gguf"}}  # fmt: skip
+    v = speed_verdict(before, after, 0.1, ctx)
+    assert v["slower"] == ["main"]  # -20 %; b is -6 % (inside 10 %); new has nothing to compare with
+    assert v["instances"]["main"]["change"] == -0.2 and v["instances"]["main"]["noise_before"] == 0.03
+    assert v["instances"]["new"]["change"] is None and not v["instances"]["new"]["slower"]
+    (msg,) = v["messages"]
+    for part in ("instance 'main'", "80.0 tokens/s", "100.0 tokens/s", "MTP acceptance 40%", "MTP acceptance 92%",
+                 "build b9180-def", "build pr22673-abc", "model m-partial.gguf", "model m-agree.gguf", "-20.0%",
+                 "margin of 10%", "noise +/-3.0%"):  # fmt: skip
+        assert part in msg, (part, msg)
+
+
+def test_speed_gate_passes_what_is_not_slower_and_refuses_a_bad_margin():
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import BenchError, speed_verdict
+
+    v = speed_verdict({"main": _row(100.0)}, {"main": _row(91.0)}, 0.1)
+    assert v["slower"] == [] and v["messages"] == [] and v["instances"]["main"]["change"] == -0.09
+    assert speed_verdict({"main": _row(100.0)}, {"main": _row(130.0)}, 0.1)["slower"] == []
+    for bad in (0, 1, -0.1, "10%", True):
+        with pytest.raises(BenchError):
+            speed_verdict({}, {}, bad)
