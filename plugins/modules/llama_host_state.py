@@ -31,6 +31,12 @@ options:
     description: Seconds to wait for each recorded instance's C(/health).
     type: float
     default: 3
+  set_facts:
+    description:
+      - Set the facts. C(false) - return the state as RV(state) only (a re-read in the middle of a run, such as
+        the rollback's, leaves what the run read at its start in place).
+    type: bool
+    default: true
   gpu_facts:
     description:
       - Also read the GPU topology, exactly as P(llamafleet.mtp.gpu_facts#module) does with these options, and set
@@ -71,10 +77,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+state:
+  description: What RV(ansible_facts.llama_host_state) holds, returned instead of set with O(set_facts=false).
+  returned: with O(set_facts=false)
+  type: dict
 ansible_facts:
   description: The fact C(llama_host_state), and C(gpu_facts) with O(gpu_facts) (as
     P(llamafleet.mtp.gpu_facts#module) sets it).
-  returned: always
+  returned: unless O(set_facts=false)
   type: dict
   contains:
     llama_host_state:
@@ -92,8 +102,9 @@ ansible_facts:
           type: str
         instances:
           description: >-
-            Instance name to C(active_state), C(sub_state), C(main_pid), C(rss_bytes) (what its process holds now)
-            and C(n_restarts).
+            Instance name to C(active_state), C(sub_state), C(main_pid), C(rss_bytes) (what its process holds now),
+            C(n_restarts) and C(runs_env_file) (its process runs exactly the arguments of its environment file,
+            with the binary its path names now; null when there is no process or it cannot be read).
           type: dict
         serving:
           description: At least one instance is active.
@@ -162,6 +173,24 @@ def _rss(pid):
     return 0
 
 
+def _runs_env_file(pid, env_path):
+    """Whether the process runs exactly the arguments of its environment file (LLAMA_SERVER_ARGS, split as
+    systemd splits $LLAMA_SERVER_ARGS), and a binary that is still the file its path names now (a switched
+    build link or a replaced binary is a process that runs something else). None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+        exe = os.readlink(f"/proc/{pid}/exe")
+        with open(env_path) as f:
+            line = next((x for x in f if x.startswith("LLAMA_SERVER_ARGS=")), None)
+    except (OSError, ValueError):
+        return None
+    if not cmdline or line is None:
+        return None
+    wanted = line[len("LLAMA_SERVER_ARGS=") :].split()
+    return cmdline[1:] == wanted and exe == os.path.realpath(cmdline[0])
+
+
 def _link(path):
     try:
         return os.path.basename(os.readlink(path).rstrip("/"))
@@ -217,6 +246,11 @@ def _applied(p, instances):
         state = (instances.get(name) or {}).get("active_state")
         if state != "active":
             problems.append(f"instance {name} is {state or 'not configured'}")
+        elif (instances.get(name) or {}).get("runs_env_file") is False:
+            problems.append(
+                f"instance {name} runs other arguments or another binary than its environment file names "
+                "(an interrupted run or a rollback left the process behind its files)"
+            )
         elif inst.get("health_url") or inst.get("url"):
             code = _health(inst.get("health_url") or inst["url"].rstrip("/") + "/health", p["health_timeout"])
             if code != 200:
@@ -239,6 +273,7 @@ def main():
             "applied_path": {"type": "path", "default": "/var/lib/llamafleet/applied.json"},
             "health_timeout": {"type": "float", "default": 3},
             "gpu_facts": {"type": "dict", "options": GPU_OPTIONS},
+            "set_facts": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -258,7 +293,14 @@ def main():
     systemctl = module.get_bin_path("systemctl")
     for env in sorted(glob.glob(os.path.join(module.params["config_dir"], "*.env"))):
         name = os.path.basename(env)[: -len(".env")]
-        state = {"active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0, "rss_bytes": 0}
+        state = {
+            "active_state": None,
+            "sub_state": None,
+            "main_pid": 0,
+            "n_restarts": 0,
+            "rss_bytes": 0,
+            "runs_env_file": None,
+        }
         if systemctl:
             rc, out, dummy = module.run_command(
                 [
@@ -276,6 +318,7 @@ def main():
             state["n_restarts"] = int(props.get("NRestarts") or 0) if (props.get("NRestarts") or "").isdigit() else 0
             if state["main_pid"]:
                 state["rss_bytes"] = _rss(state["main_pid"])
+                state["runs_env_file"] = _runs_env_file(state["main_pid"], env)
         instances[name] = state
 
     mem = _meminfo()
@@ -292,6 +335,8 @@ def main():
         "cpu_cores_online": cores_online(),
     }
     facts["applied"] = _applied(module.params, instances)
+    if not module.params["set_facts"]:
+        module.exit_json(changed=False, state=facts)
     published = {"llama_host_state": facts}
     if gpu is not None:
         published["gpu_facts"] = gpu

@@ -1,4 +1,5 @@
-"""llama_host_state's two probes that run on every host of every run: an instance's /health, python3-apt.
+"""llama_host_state's probes that run on every host of every run: an instance's /health, python3-apt, and whether
+an instance's process runs what its environment file says.
 
 The health probe talks to a real HTTP server on localhost (http.server in a thread); the python3-apt probe
 is compared with a real `import apt` in a fresh interpreter.
@@ -11,12 +12,17 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ansible")
 
-from ansible_collections.llamafleet.mtp.plugins.modules.llama_host_state import _health, _python_apt  # noqa: E402
+from ansible_collections.llamafleet.mtp.plugins.modules.llama_host_state import (  # noqa: E402
+    _health,
+    _python_apt,
+    _runs_env_file,
+)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -70,3 +76,29 @@ def test_health_over_https_to_a_plain_http_server_fails_without_raising(server):
 def test_python_apt_says_whether_import_apt_works():
     imports = subprocess.run([sys.executable, "-c", "import apt"], capture_output=True, check=False).returncode == 0
     assert _python_apt() is imports
+
+
+def test_a_process_runs_its_environment_file_or_not(tmp_path):
+    """A real process (sleep, started as systemd starts llama-server: the binary's path, then the words of
+    LLAMA_SERVER_ARGS): the same words match; other words, or a binary path that names another file now
+    (a switched build link), do not."""
+    link = tmp_path / "current"
+    link.symlink_to("/bin")
+    proc = subprocess.Popen([str(link / "sleep"), "30"])
+    env = tmp_path / "main.env"
+    try:
+        env.write_text("# comment\nLLAMA_SERVER_ARGS=30\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n")
+        assert _runs_env_file(proc.pid, str(env)) is True
+        env.write_text("LLAMA_SERVER_ARGS=31\n")
+        assert _runs_env_file(proc.pid, str(env)) is False
+        env.write_text("LLAMA_SERVER_ARGS=30\n")
+        link.unlink()
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "sleep").write_bytes(Path("/bin/sleep").read_bytes())
+        link.symlink_to(tmp_path / "other")
+        assert _runs_env_file(proc.pid, str(env)) is False  # the link names another binary now
+        assert _runs_env_file(proc.pid, str(tmp_path / "missing.env")) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _runs_env_file(proc.pid, str(env)) is None  # no such process
