@@ -26,6 +26,9 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
 10. the gateway (role llama_gateway on <prefix>-gateway): a killed instance leaves the pool within the
     health-check interval and only requests in flight on it fail; a bad API key gets 401; the file_sd
     targets and both /metrics answer. Test 2 also runs openai clients through the gateway (0 failures);
+2c. a process that runs other arguments than its (recorded) environment file is restarted by the next run;
+2d. a run interrupted (SIGINT) at the canary's drain, restart or ready step is repaired by the next one
+    (gateway UP on every instance, each process running its file);
 6b. the speed gate: a model upgrade to a worse-agreeing MTP head is measured slower on the canary, rolled
     back, the rollout stops, no release; accepted on purpose with llamafleet_accept_slower; the way back passes;
 10b. the gateway's maxconn is each instance's slots; two instances on one host get disjoint cores;
@@ -117,7 +120,10 @@ class Run:
         }
 
 
-def play(playbook, inventory, tmp_path_factory, *, check=False, extravars=None, limit=None, tags=None, gateway=False):
+def play(
+    playbook, inventory, tmp_path_factory, *, check=False, extravars=None, limit=None, tags=None, gateway=False,
+    interrupt_at=None,
+):  # fmt: skip
     """gateway=False skips the gateway's own play (tag gateway): its configuration is the same throughout the
     sequence (same hosts, same ports), scripts/run-sandbox.sh set it up, test 1 runs it as users do and test
     10 checks it; the drain around each restart runs in every run (it belongs to the server role)."""
@@ -134,7 +140,17 @@ def play(playbook, inventory, tmp_path_factory, *, check=False, extravars=None, 
         if x
     )
     t0 = time.monotonic()
+    interrupted = []
+
+    def on_event(event):
+        task = (event.get("event_data") or {}).get("task") or ""
+        if interrupt_at and event.get("event") == "runner_on_start" and task.startswith(interrupt_at):
+            interrupted.append(task)
+        return True
+
     runner = ansible_runner.run(
+        event_handler=on_event if interrupt_at else None,
+        cancel_callback=(lambda: bool(interrupted)) if interrupt_at else None,
         private_data_dir=str(data),
         project_dir=str(REPO),
         playbook=str(REPO / playbook),
@@ -414,6 +430,61 @@ def test_2b_drift_is_found_and_repaired(inv, tmp_path_factory):
     again = ok(play("site.yml", inv, tmp_path_factory), "site.yml after the repairs")
     for h in HOSTS:
         assert again.changed(h) == 0 and again.tasks(h) <= NOOP_TASKS_MAX, (h, again.changed_tasks(h), again.tasks(h))
+
+
+def _cmdline_args(host, name="main"):
+    raw = on_host(host, "cat", f"/proc/{main_pid(host, name)}/cmdline")
+    return [a for a in raw.split("\0") if a][1:]
+
+
+def _env_args(host, name="main"):
+    line = next(x for x in env_file(host, name).splitlines() if x.startswith("LLAMA_SERVER_ARGS="))
+    return line.split("=", 1)[1].split()
+
+
+def test_2c_a_process_behind_its_files_is_restarted(inv, tmp_path_factory):
+    """What an interrupted run leaves (the environment file written, the restart never made): the process runs
+    other arguments than its file, while the file is as recorded. The next site.yml finds it (the process's
+    /proc/<pid>/cmdline against the file) and restarts it; the run after is a no-op."""
+    original = env_file(H1)
+    on_host(H1, "sh", "-c", "sed -i 's/--spec-draft-n-max [0-9]*/--spec-draft-n-max 1/' /etc/llama-server/main.env")
+    on_host(H1, "systemctl", "restart", "llama-server@main.service")
+    on_host(H1, "sh", "-c", f"cat > /etc/llama-server/main.env <<'EOF'\n{original}EOF")
+    assert env_file(H1) == original and _cmdline_args(H1) != _env_args(H1)
+    run = ok(play("site.yml", inv, tmp_path_factory), "site.yml after an interrupted restart")
+    assert run.changed(H1) > 0 and run.changed(H2) == 0, (run.changed_tasks(H1), run.changed_tasks(H2))
+    assert _cmdline_args(H1) == _env_args(H1) and health(H1) == 200
+    again = ok(play("site.yml", inv, tmp_path_factory), "the run after")
+    assert again.changed(H1) == 0 and again.tasks(H1) <= NOOP_TASKS_MAX
+
+
+def _gateway_states():
+    return {r["svname"]: r["status"] for r in gateway_stat(GATEWAY) if r["svname"] in (f"{H1}_main", f"{H2}_main")}
+
+
+@pytest.mark.parametrize(
+    "step",
+    ["Set to drain on its gateways", "Restart llama-server@", "Enable on its gateways"],
+)
+def test_2d_an_interrupted_run_is_repaired_by_the_next(inv, tmp_path_factory, step):
+    """SIGINT (ansible-runner's cancel) while the canary's instance is drained, restarting or coming back: the
+    next site.yml ends with every instance UP on the gateway and running what its environment file says, and
+    reports the repair as a change; the run after is a no-op."""
+    gv = group_vars(inv)
+    gv["llamafleet_instances"][0]["draft_n_max"] = 2 if gv["llamafleet_instances"][0].get("draft_n_max") != 2 else 3
+    write_group_vars(inv, gv)
+    cut = play("site.yml", inv, tmp_path_factory, gateway=True, interrupt_at=step)
+    assert cut.status in ("canceled", "failed"), cut.status
+    left = _gateway_states()
+    print(f"\ninterrupted at {step!r}: gateway {left}, process runs its file: {_cmdline_args(H1) == _env_args(H1)}")
+    run = ok(play("site.yml", inv, tmp_path_factory, gateway=True), f"site.yml after an interrupt at {step!r}")
+    assert all(s == "UP" for s in _gateway_states().values()), _gateway_states()
+    for h in HOSTS:
+        assert _cmdline_args(h) == _env_args(h) and health(h) == 200, h
+    if any(s != "UP" for s in left.values()):
+        assert run.changed(GATEWAY) > 0, run.changed_tasks(GATEWAY)
+    again = ok(play("site.yml", inv, tmp_path_factory, gateway=True), "the run after")
+    assert sum(again.changed(h) for h in (*HOSTS, GATEWAY)) == 0, [again.changed_tasks(h) for h in HOSTS]
 
 
 def _second_model(name, kind="agree", **kw):
