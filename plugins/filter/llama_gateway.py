@@ -8,10 +8,17 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gateway import GatewayError, server_name, servers
 
 
-def llama_gateway_servers(published, backend_hosts, gateway_host, instance_names=None, host_states=None):
+def llama_gateway_servers(
+    published, backend_hosts, gateway_host, instance_names=None, host_states=None, unreachable=None
+):
     try:
         return servers(
-            dict(published), list(backend_hosts), gateway_host, list(instance_names or []), dict(host_states or {})
+            dict(published),
+            list(backend_hosts),
+            gateway_host,
+            list(instance_names or []),
+            dict(host_states or {}),
+            list(unreachable or []),
         )
     except GatewayError as e:
         raise AnsibleFilterError(str(e)) from None

@@ -35,14 +35,16 @@ def _loopback(addr):
         return False
 
 
-def servers(published, backend_hosts, gateway_host, instance_names=None, host_states=None):
+def servers(published, backend_hosts, gateway_host, instance_names=None, host_states=None, unreachable=None):
     """The servers of a gateway on ``gateway_host``: ``{servers, skipped}``.
 
     ``published``: host -> that host's ``llama_server_systemd_facts`` (or None when it has none this run).
     ``host_states``: host -> its ``llama_host_state`` as read at the start of the run ({}: not read). A host
     without published facts that did not serve before (a fresh host that failed, or that check mode could not
     deploy) is left out and listed in ``skipped``; one that served, or that this run did not read (``--limit``),
-    is an error: dropping it would take a serving host out of the gateway.
+    is an error: dropping it would take a serving host out of the gateway. ``unreachable``: hosts this run could not
+    reach (the facts stage left them out): they are left out too and listed in ``skipped`` (a host that cannot be
+    reached serves no one through the gateway; the next run that reaches it puts it back).
     Returns a list of ``{name, host, instance, address, port, api_key, target, slots}`` (``target``: the
     instance's advertised ``host:port``, for Prometheus; ``slots``: its ``parallel``, the requests it decodes
     at once, None when the facts predate it), in host then instance order;
@@ -53,7 +55,11 @@ def servers(published, backend_hosts, gateway_host, instance_names=None, host_st
     out, problems, skipped = [], [], []
     if not backend_hosts:
         problems.append(f"host {gateway_host}: llama_gateway_backend_hosts is empty; nothing to route to")
+    gone = set(unreachable or [])
     for host in backend_hosts:
+        if host in gone:
+            skipped.append(host)
+            continue
         facts = published.get(host)
         if not isinstance(facts, dict) or not isinstance(facts.get("instances"), list):
             if serving.get(host) is False:

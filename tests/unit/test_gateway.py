@@ -95,3 +95,12 @@ def test_slots_are_the_instances_parallel_unknown_in_older_facts():
     a["parallel"] = 4
     out = servers({"h1": facts(a, b)}, ["h1"], "gw")
     assert [(s["name"], s["slots"]) for s in out["servers"]] == [("h1_main", 4), ("h1_big", None)]
+
+
+def test_an_unreachable_host_is_left_out_not_an_error():
+    """A host the facts stage could not reach has no facts in this run; the gateway leaves it out (skipped)."""
+    published = {"h1": facts(inst("main", 8080)), "h2": None}
+    out = servers(published, ["h1", "h2"], "gw", host_states={"h1": {"serving": True}}, unreachable=["h2"])
+    assert [s["name"] for s in out["servers"]] == ["h1_main"] and out["skipped"] == ["h2"]
+    with pytest.raises(GatewayError):
+        servers(published, ["h1", "h2"], "gw", host_states={"h1": {"serving": True}})  # not known: an error

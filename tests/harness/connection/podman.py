@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import shlex
 
+from ansible.errors import AnsibleConnectionFailure
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.connection import ensure_connect
 from ansible_collections.containers.podman.plugins.connection import podman as upstream
@@ -78,6 +79,9 @@ DOCUMENTATION = """
 """
 
 
+_UNREACHABLE = ("can only create exec sessions on running containers", "no such container", "container state improper")
+
+
 class Connection(upstream.Connection):
     """containers.podman.podman, with module code sent on stdin (`podman exec -i`)."""
 
@@ -114,4 +118,10 @@ class Connection(upstream.Connection):
             args.append("-i")
         if self.user:
             args.extend(("--user", self.user))
-        return self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        rc, out, err = self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        # podman's own failure to reach the container (exit 125: stopped, removed) is a host that cannot be
+        # reached, as ssh's exit 255 is: UNREACHABLE, not a module whose result cannot be read.
+        text = to_native(err or b"", errors="surrogate_or_strict")
+        if rc == 125 and any(s in text for s in _UNREACHABLE):
+            raise AnsibleConnectionFailure(f"podman: {self._container_id} cannot be reached: {text.strip()}")
+        return rc, out, err
