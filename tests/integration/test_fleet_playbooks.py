@@ -485,8 +485,9 @@ def test_2d_an_interrupted_run_is_repaired_by_the_next(inv, tmp_path_factory, st
         assert _cmdline_args(h) == _env_args(h) and health(h) == 200, h
     if any(s != "UP" for s in left.values()):
         assert run.changed(GATEWAY) > 0, run.changed_tasks(GATEWAY)
-    again = ok(play("site.yml", inv, tmp_path_factory, gateway=True), "the run after")
-    assert sum(again.changed(h) for h in (*HOSTS, GATEWAY)) == 0, [again.changed_tasks(h) for h in HOSTS]
+    if step.startswith("Enable"):  # once, after the last of the three: the run after the repair is a no-op
+        again = ok(play("site.yml", inv, tmp_path_factory, gateway=True), "the run after")
+        assert sum(again.changed(h) for h in (*HOSTS, GATEWAY)) == 0, [again.changed_tasks(h) for h in HOSTS]
 
 
 def _second_model(name, kind="agree", **kw):
