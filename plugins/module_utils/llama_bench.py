@@ -234,7 +234,8 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
     measured only once (new, or not restarted) are reported, never judged. ``context``: instance name ->
     ``{build_before, build_after, model_before, model_after}`` for the message.
     Returns ``{instances: {name: {tok_s, tok_s_before, change, acceptance, acceptance_before, noise,
-    noise_before, slower}}, slower: [name], messages: [str]}``.
+    noise_before, slower, noisy}}, slower: [name], messages: [str]}`` (``noisy``: a noise above the margin,
+    where the gate cannot tell a change of the margin's size from the spread: raise ``runs`` or ``n_predict``).
     """
     if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 < margin < 1:
         raise BenchError(f"the speed gate's margin must be a fraction between 0 and 1, got {margin!r}")
@@ -250,10 +251,13 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
             "noise_before": _noise(b) if b else None,
             "change": None,
             "slower": False,
+            "noisy": False,
         }
         if a and b and b.get("tok_s_median"):
             entry["change"] = round(a["tok_s_median"] / b["tok_s_median"] - 1, 4)
             entry["slower"] = entry["change"] < -margin
+            # the measurement cannot tell a change of the margin's size from its own spread: say so
+            entry["noisy"] = max(entry["noise"] or 0, entry["noise_before"] or 0) > margin
         out[name] = entry
         if entry["slower"]:
             slower.append(name)

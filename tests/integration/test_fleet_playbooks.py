@@ -472,8 +472,10 @@ def test_2d_an_interrupted_run_is_repaired_by_the_next(inv, tmp_path_factory, st
     """SIGINT (ansible-runner's cancel) while the canary's instance is drained, restarting or coming back: the
     next site.yml ends with every instance UP on the gateway and running what its environment file says, and
     reports the repair as a change; the run after is a no-op."""
-    gv = group_vars(inv)
-    gv["llamafleet_instances"][0]["draft_n_max"] = 2 if gv["llamafleet_instances"][0].get("draft_n_max") != 2 else 3
+    gv = group_vars(inv)  # a change that restarts the instance and leaves its speed alone (the speed gate)
+    gv["llamafleet_instances"][0]["alias"] = (
+        "fleet-a" if gv["llamafleet_instances"][0].get("alias") != "fleet-a" else "fleet-b"
+    )
     write_group_vars(inv, gv)
     cut = play("site.yml", inv, tmp_path_factory, gateway=True, interrupt_at=step)
     assert cut.status in ("canceled", "failed"), cut.status
@@ -836,7 +838,9 @@ def test_10b_gateway_is_slot_aware_two_instances_get_their_own_cores(inv, tmp_pa
     second = dict(main, name="second", port=8081)
     (hv / "two.yml").write_text("---\n" + yaml.safe_dump({"llamafleet_instances": [main, second]}, sort_keys=False))
     try:
-        ok(play("site.yml", inv, tmp_path_factory, limit=H1), "two instances on one host")
+        # one core instead of two for main: slower on its own, on purpose (the speed gate would refuse it)
+        two = play("site.yml", inv, tmp_path_factory, limit=H1, extravars={"llamafleet_accept_slower": True})
+        ok(two, "two instances on one host")
         allowed = {}
         for name in ("main", "second"):
             env = env_file(H1, name)
@@ -873,13 +877,13 @@ def test_10c_a_down_host_holds_no_one_hostage_and_rejoins_with_a_new_address(inv
         old_ip = container_ip(H2)
         subprocess.run(["podman", "stop", "-t", "5", H2], check=True, capture_output=True)
         gv = group_vars(inv)
-        gv["llamafleet_instances"][0]["draft_n_max"] = 2 if gv["llamafleet_instances"][0].get("draft_n_max") != 2 else 3
+        want = "fleet-c" if gv["llamafleet_instances"][0].get("alias") != "fleet-c" else "fleet-d"
+        gv["llamafleet_instances"][0]["alias"] = want
         write_group_vars(inv, gv)
-        want = gv["llamafleet_instances"][0]["draft_n_max"]
         run = play("site.yml", inv, tmp_path_factory, gateway=True)
         assert run.status == "failed" and run.rc != 0
         assert _unreachable(run) == {H2}, _unreachable(run)
-        assert f"--spec-draft-n-max {want}" in env_file(H1) and run.changed(H1) > 0  # H1 was not held hostage
+        assert f"--alias {want}" in env_file(H1) and run.changed(H1) > 0  # H1 was not held hostage
         (fail,) = [m for _, task, m in run.failures() if task.startswith("Fail the run for the hosts")]
         assert H2 in fail, fail
         assert all(not r["svname"].startswith(H2) for r in gateway_stat(GATEWAY)), "the down host is left out"
@@ -894,7 +898,7 @@ def test_10c_a_down_host_holds_no_one_hostage_and_rejoins_with_a_new_address(inv
         new_ip = container_ip(H2)
         print(f"\n{H2}: {old_ip} -> {new_ip}")
         ok(play("site.yml", inv, tmp_path_factory, gateway=True), "site.yml with the host back")
-        assert f"--spec-draft-n-max {want}" in env_file(H2) and health(H2) == 200
+        assert f"--alias {want}" in env_file(H2) and health(H2) == 200
         deadline = time.time() + 30
         while time.time() < deadline and gateway_stat(GATEWAY, f"{H2}_main")[0]["status"] != "UP":
             time.sleep(1)
