@@ -22,6 +22,8 @@ import os
 import re
 import time
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import parse_cpu_list
+
 # GB/s (10^9 bytes/s), vendor data-sheet peak; key: a regular expression over the nvidia-smi name
 # (first match wins, so the more specific names come first).
 GPU_BANDWIDTH_SPEC = (
@@ -92,21 +94,6 @@ def gpus_bandwidth(gpus: list, devices: list | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def parse_cpulist(text: str) -> list:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
-    out = []
-    for part in (text or "").strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
-    return sorted(set(out))
-
-
 def node_cpus(node: int | None, sysfs: str = "/sys/devices/system/node") -> list:
     """CPUs of NUMA node ``node`` that this process may run on (all allowed CPUs for None)."""
     allowed = sorted(os.sched_getaffinity(0))
@@ -115,7 +102,7 @@ def node_cpus(node: int | None, sysfs: str = "/sys/devices/system/node") -> list
     path = os.path.join(sysfs, f"node{node}", "cpulist")
     try:
         with open(path) as f:
-            cpus = parse_cpulist(f.read())
+            cpus = parse_cpu_list(f.read())
     except OSError as e:
         raise RooflineError(f"NUMA node {node}: cannot read {path}: {e.strerror}") from None
     cpus = [c for c in cpus if c in allowed]

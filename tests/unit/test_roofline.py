@@ -52,9 +52,7 @@ def test_gpus_bandwidth_picks_the_instance_gpus_and_names_unknown_ones():
         rl.gpus_bandwidth(gpus, [7])
 
 
-def test_parse_cpulist_and_buffer_size():
-    assert rl.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert rl.parse_cpulist("") == []
+def test_buffer_size():  # (the cpulist syntax: module_utils/cpu_cores.py, tests/unit/test_cpu_cores.py)
     assert rl.buffer_mib(2, 300 * 2**20) == 600  # 4 x LLC over 2 CPUs
     assert rl.buffer_mib(64, 32 * 2**20) == 128  # at least 128 MiB
     assert rl.buffer_mib(1, 1 << 30) == 1024  # at most 1 GiB
