@@ -36,7 +36,7 @@ def llama_bench_sweep_configs(kind, physical_cores=0, logical_cpus=0, gpu_count=
 
 
 def llama_speed_gate(
-    before, after, margin=0.1, build_before=None, build_after=None, models_before=None, models_after=None
+    before, after, margin=0.1, build_before=None, build_after=None, models_before=None, models_after=None, alpha=0.05
 ):
     names = set(before or {}) | set(after or {})
     context = {
@@ -48,7 +48,7 @@ def llama_speed_gate(
         }
         for n in names
     }
-    return speed_verdict(dict(before or {}), dict(after or {}), margin, context)
+    return speed_verdict(dict(before or {}), dict(after or {}), margin, context, alpha)
 
 
 class FilterModule:

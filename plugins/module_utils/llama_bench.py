@@ -9,6 +9,8 @@ against the run without MTP, and the best draft length.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import statistics
 
@@ -91,6 +93,7 @@ def summarize(label: str, draft_n_max, samples: list, delta: dict | None = None)
         "tok_s_median": round(statistics.median(tok_s), 2),
         "tok_s_min": round(min(tok_s), 2),
         "tok_s_max": round(max(tok_s), 2),
+        "tok_s_samples": [round(x, 2) for x in tok_s],
         "draft_tokens": drafted,
         "draft_accepted": accepted,
         "acceptance": None if acceptance is None else round(acceptance, 4),
@@ -226,14 +229,51 @@ def _noise(row):
     return round((row["tok_s_max"] - row["tok_s_min"]) / 2 / med, 4)
 
 
-def speed_verdict(before: dict, after: dict, margin: float, context: dict | None = None) -> dict:
+def slower_p_value(after: list, before: list):
+    """One-sided Mann-Whitney U test: the probability, were both sets of requests from one server, that ``after``
+    would rank this low or lower against ``before``. Exact (every arrangement of the pooled samples) for small
+    sets, the normal approximation with ties corrected above that. None without samples on both sides."""
+    a, b = [float(x) for x in after or []], [float(x) for x in before or []]
+    n, m = len(a), len(b)
+    if not n or not m:
+        return None
+
+    def u_of(xs, ys):  # pairs where the after sample is the larger, ties a half
+        return sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+
+    u = u_of(a, b)
+    pooled = a + b
+    if math.comb(n + m, n) <= 20000:
+        total = hits = 0
+        for idx in itertools.combinations(range(n + m), n):
+            chosen = set(idx)
+            xs = [pooled[i] for i in idx]
+            ys = [pooled[i] for i in range(n + m) if i not in chosen]
+            total += 1
+            hits += u_of(xs, ys) <= u + 1e-9
+        return round(hits / total, 4)
+    mean = n * m / 2
+    counts = {}
+    for x in pooled:
+        counts[x] = counts.get(x, 0) + 1
+    ties = sum(c**3 - c for c in counts.values())
+    var = n * m / 12 * ((n + m + 1) - ties / ((n + m) * (n + m - 1)))
+    if var <= 0:
+        return 1.0
+    z = (u + 0.5 - mean) / math.sqrt(var)  # continuity correction
+    return round(0.5 * math.erfc(-z / math.sqrt(2)), 4)
+
+
+def speed_verdict(before: dict, after: dict, margin: float, context: dict | None = None, alpha: float = 0.05) -> dict:
     """The speed gate: is any instance slower after the change than before it, by more than ``margin``?
 
     ``before`` / ``after``: instance name -> llama_bench row (``summarize``), measured on the same fixed
     prompts at temperature 0 before the host changed and after it passed its health gate. Instances
     measured only once (new, or not restarted) are reported, never judged. ``context``: instance name ->
     ``{build_before, build_after, model_before, model_after}`` for the message.
-    Returns ``{instances: {name: {tok_s, tok_s_before, change, acceptance, acceptance_before, noise,
+    An instance is slower when its median fell by more than ``margin`` and its requests after the change rank
+    below those before with a one-sided Mann-Whitney p-value under ``alpha`` (``slower_p_value``).
+    Returns ``{instances: {name: {tok_s, tok_s_before, change, p_value, acceptance, acceptance_before, noise,
     noise_before, slower, noisy}}, slower: [name], messages: [str]}`` (``noisy``: a noise above the margin,
     where the gate cannot tell a change of the margin's size from the spread: raise ``runs`` or ``n_predict``).
     """
@@ -250,12 +290,16 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
             "noise": _noise(a) if a else None,
             "noise_before": _noise(b) if b else None,
             "change": None,
+            "p_value": None,
             "slower": False,
             "noisy": False,
         }
         if a and b and b.get("tok_s_median"):
             entry["change"] = round(a["tok_s_median"] / b["tok_s_median"] - 1, 4)
-            entry["slower"] = entry["change"] < -margin
+            # Slower: the median fell by more than the margin, and the requests after rank below those before
+            # beyond what chance gives (a noisy baseline is not a slowdown); rows without samples: the median.
+            entry["p_value"] = slower_p_value(a.get("tok_s_samples"), b.get("tok_s_samples"))
+            entry["slower"] = entry["change"] < -margin and (entry["p_value"] is None or entry["p_value"] < alpha)
             # the measurement cannot tell a change of the margin's size from its own spread: say so
             entry["noisy"] = max(entry["noise"] or 0, entry["noise_before"] or 0) > margin
         out[name] = entry
@@ -273,5 +317,6 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
                 f"({acc(entry['acceptance_before'])}, noise +/-{(entry['noise_before'] or 0):.1%}) before with build "
                 f"{ctx.get('build_before') or '?'} and model {ctx.get('model_before') or '?'}: "
                 f"{entry['change']:+.1%}, beyond the speed gate's margin of {margin:.0%}"
+                + (f" (p={entry['p_value']:.3f})" if entry["p_value"] is not None else "")
             )
     return {"instances": out, "slower": slower, "messages": messages}

@@ -108,6 +108,10 @@ row:
     tok_s_max:
       description: Fastest request's tokens/s.
       type: float
+    tok_s_samples:
+      description: Every counted request's tokens/s (the speed gate ranks them).
+      type: list
+      elements: float
     draft_tokens:
       description: Drafted tokens (from the timings).
       type: int

@@ -126,3 +126,30 @@ def test_speed_gate_passes_what_is_not_slower_and_refuses_a_bad_margin():
     for bad in (0, 1, -0.1, "10%", True):
         with pytest.raises(BenchError):
             speed_verdict({}, {}, bad)
+
+
+def test_speed_gate_needs_the_requests_to_rank_lower_not_only_the_median():
+    """A noisy baseline is not a slowdown: the sandbox's false alarm (alias changed, speed the same) had a
+    median -17.8 % against a baseline spread of +/-27 %; a real slowdown moves every request."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import slower_p_value, speed_verdict
+
+    def row(samples):
+        s = sorted(samples)
+        return {"tok_s_median": s[len(s) // 2], "tok_s_min": s[0], "tok_s_max": s[-1], "tok_s_samples": samples,
+                "acceptance": 1.0}  # fmt: skip
+
+    noisy_before = row([3371.0, 2450.0, 4290.0, 3300.0, 2600.0, 3900.0])
+    same_after = row([2772.0, 2700.0, 2900.0, 3500.0, 2650.0, 3300.0])
+    v = speed_verdict({"main": noisy_before}, {"main": same_after}, 0.1)
+    assert v["instances"]["main"]["change"] < -0.1 and v["instances"]["main"]["p_value"] > 0.05
+    assert v["slower"] == []
+    really = row([x * 0.8 for x in [3371.0, 3300.0, 3350.0, 3400.0, 3320.0, 3390.0]])
+    v = speed_verdict({"main": row([3371.0, 3300.0, 3350.0, 3400.0, 3320.0, 3390.0])}, {"main": really}, 0.1)
+    assert v["slower"] == ["main"] and v["instances"]["main"]["p_value"] < 0.01
+    assert "(p=0.001)" in v["messages"][0] or "(p=0.002)" in v["messages"][0]
+    # exact for small sets, the normal approximation for large ones agrees in direction
+    assert slower_p_value([1, 2, 3], [4, 5, 6]) == 0.05  # 1 arrangement in 20
+    assert slower_p_value([4, 5, 6], [1, 2, 3]) == 1.0
+    big_a, big_b = list(range(100, 130)), list(range(115, 145))
+    assert slower_p_value(big_a, big_b) < 0.05 < slower_p_value(big_b, big_a)
+    assert slower_p_value([], [1.0]) is None
