@@ -344,13 +344,21 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         via_gateway = GatewayLoops(base_url(GATEWAY))  # the real openai client, plain and streaming
         try:
             gh.set("merged")
-            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars, gateway=True)
+            # The sandbox's two builds differ in speed on the tiny model (the gate measured mainline up to 30 % below
+            # the PR stand-in, p < 0.01, at 32-token requests): this test is about serving throughout, so the
+            # upgrade is accepted whatever the gate measures (it is still measured; test 6b tests the gate).
+            extra = {**gh.extravars, "llamafleet_accept_slower": True}
+            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=extra, gateway=True)
         finally:
             results, gw = loops.stop(), via_gateway.stop()
         print(f"\nfailed through the gateway during the upgrade: {failures(gw)} (of {[len(r) for r in gw.values()]})")
         assert failures(gw) == {"plain": 0, "stream": 0}, [r for rows in gw.values() for r in rows if not r[2]][:5]
         ok(run, "follow-pr (merged: the upgrade)")
         TIMES["upgrade (follow-pr.yml)"] = run.seconds
+        for h in HOSTS:
+            m = (_speed(run, h) or {}).get("instances", {}).get("main", {})
+            print(f"\nspeed gate, {h}: {m.get('tok_s_before')} -> {m.get('tok_s')} tokens/s ({m.get('change')}, "
+                  f"p={m.get('p_value')}, noise {m.get('noise_before')} / {m.get('noise')})")  # fmt: skip
         served = github_follow.last_host_served(run, HOSTS)
         TIMES["merge visible -> last host serving the release"] = served - gh.flipped_at
         print(f"\nmerge visible -> last host serving {RELEASE}: {served - gh.flipped_at:.0f} s")
