@@ -903,6 +903,7 @@ def test_10c_a_down_host_holds_no_one_hostage_and_rejoins_with_a_new_address(inv
                         "--entrypoint", "sleep", "localhost/debian-systemd:12", "600"], check=True,
                        capture_output=True)  # fmt: skip
         subprocess.run(["podman", "start", H2], check=True, capture_output=True)
+        on_host(H2, "timeout", "60", "systemctl", "is-system-running", "--wait", check=False)  # booted
         new_ip = container_ip(H2)
         print(f"\n{H2}: {old_ip} -> {new_ip}")
         ok(play("site.yml", inv, tmp_path_factory, gateway=True), "site.yml with the host back")
