@@ -119,9 +119,9 @@ class Connection(upstream.Connection):
         if self.user:
             args.extend(("--user", self.user))
         rc, out, err = self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
-        # podman's own failure to reach the container (exit 125: stopped, removed) is a host that cannot be
+        # podman's own failure to reach the container (exit 125 or 255: stopped, removed) is a host that cannot be
         # reached, as ssh's exit 255 is: UNREACHABLE, not a module whose result cannot be read.
         text = to_native(err or b"", errors="surrogate_or_strict")
-        if rc == 125 and any(s in text for s in _UNREACHABLE):
+        if rc in (125, 255) and any(s in text for s in _UNREACHABLE):
             raise AnsibleConnectionFailure(f"podman: {self._container_id} cannot be reached: {text.strip()}")
         return rc, out, err
