@@ -217,6 +217,8 @@ class Hub:
         self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._hash_lock = threading.Lock()
         self._log_lock = threading.Lock()
+        self._in_flight = 0  # requests between their first byte read and their log entry written
+        self._idle = threading.Condition()
         self._dropped: set[str] = set()
         self._drop_lock = threading.Lock()
         for cfg_path in sorted(self.root.glob(f"*/*/{CONFIG_NAME}")):  # fail fast on configs present at start
@@ -289,6 +291,21 @@ class Hub:
             self._dropped.add(key)
         return self.drop_after
 
+    def begin_request(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+
+    def end_request(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every request that started has written its log entry (a client may have its response
+        before the handler logs it: a SIGTERM right after must not lose that entry)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
     def record(self, entry: dict) -> None:
         with self._log_lock:
             self.requests.append(entry)
@@ -328,6 +345,13 @@ class Handler(BaseHTTPRequestHandler):
         self._status, self._sent, self._dropped = 0, 0, False
 
     def _dispatch(self) -> None:
+        self.hub.begin_request()
+        try:
+            self._serve_one()
+        finally:
+            self.hub.end_request()
+
+    def _serve_one(self) -> None:
         self._begin()
         try:
             self._route()
@@ -728,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        hub.wait_idle(timeout=10)
         server.server_close()
     return 0
 
