@@ -1,5 +1,5 @@
 """The GitHub side of the fleet follower test (test_fleet_playbooks.py test_2): the GitHub stand-in with PR #22673
-in a chosen state, and what a follow-pr.yml run that must change nothing looks like.
+in a chosen state, and what a follow_pr.yml run that must change nothing looks like.
 
 STAND-IN: api.github.com (tests/harness/github_standin.py, its REST contract for pulls/N, tags and compare with
 ETag/304 and the 403 rate limit). The PR's head and merge commits and the release tag are the local llama.cpp
@@ -39,7 +39,7 @@ class GitHub:
         self.set("open")
         self.server, _ = github_standin.serve(self.state_path)
         self.flipped_at = None
-        # what follow-pr.yml gets: the stand-in's API and a cache of its own
+        # what follow_pr.yml gets: the stand-in's API and a cache of its own
         self.extravars = {
             "llamafleet_follow_api_url": self.server.endpoint,
             "llamafleet_follow_cache_dir": str(tmp / "github-cache"),
@@ -73,7 +73,7 @@ class GitHub:
 
 
 def module_result(run):
-    """The github_pr_info result of a follow-pr.yml run (its job event)."""
+    """The github_pr_info result of a follow_pr.yml run (its job event)."""
     (res,) = [
         e["event_data"]["res"]
         for e in run.events

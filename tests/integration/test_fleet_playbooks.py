@@ -9,7 +9,7 @@ Runs in the full lane after scripts/run-sandbox.sh converged the 2-host fleet (F
 order, on a copy of inventories/sandbox (the upgrade writes its release file there):
  1. no-op re-run: changed=0 and at most 20 tasks per host (converged hosts skip the converge), and --check
     says so;
- 2. the PR follower (follow-pr.yml, GitHub stand-in): PR open, rate limited, closed unmerged change
+ 2. the PR follower (follow_pr.yml, GitHub stand-in): PR open, rate limited, closed unmerged change
     nothing; merged with release b9180 upgrades PR stand-in -> b9180 (mainline) with a request loop on
     every host (at every moment one host answers; failed requests per host printed) and the openai client
     through the gateway (0 failed), a second run is a no-op; then, with a third (fresh) host added, --check
@@ -320,7 +320,7 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         for i, state in enumerate(("open", "open", "rate_limited", "closed")):
             gh.set(state)
             n = len(gh.server.requests)
-            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars)
+            run = play("playbooks/follow_pr.yml", inv, tmp_path_factory, extravars=gh.extravars)
             github_follow.assert_nothing_changed(run, HOSTS, lambda: release(inv)["llamacpp_mtp_build_ref"])
             res, reqs = github_follow.module_result(run), gh.requests_since(n)
             warnings = github_follow.warnings(run)
@@ -343,13 +343,13 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
             # the PR stand-in, p < 0.01, at 32-token requests): this test is about serving throughout, so the
             # upgrade is accepted whatever the gate measures (it is still measured; test 6b tests the gate).
             extra = {**gh.extravars, "llamafleet_accept_slower": True}
-            run = play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=extra, gateway=True)
+            run = play("playbooks/follow_pr.yml", inv, tmp_path_factory, extravars=extra, gateway=True)
         finally:
             results, gw = loops.stop(), via_gateway.stop()
         print(f"\nfailed through the gateway during the upgrade: {failures(gw)} (of {[len(r) for r in gw.values()]})")
         assert failures(gw) == {"plain": 0, "stream": 0}, [r for rows in gw.values() for r in rows if not r[2]][:5]
         ok(run, "follow-pr (merged: the upgrade)")
-        TIMES["upgrade (follow-pr.yml)"] = run.seconds
+        TIMES["upgrade (follow_pr.yml)"] = run.seconds
         for h in HOSTS:
             m = (_speed(run, h) or {}).get("instances", {}).get("main", {})
             print(f"\nspeed gate, {h}: {m.get('tok_s_before')} -> {m.get('tok_s')} tokens/s ({m.get('change')}, "
@@ -357,7 +357,7 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
         served = github_follow.last_host_served(run, HOSTS)
         TIMES["merge visible -> last host serving the release"] = served - gh.flipped_at
         print(f"\nmerge visible -> last host serving {RELEASE}: {served - gh.flipped_at:.0f} s")
-        again = ok(play("playbooks/follow-pr.yml", inv, tmp_path_factory, extravars=gh.extravars), "follow-pr again")
+        again = ok(play("playbooks/follow_pr.yml", inv, tmp_path_factory, extravars=gh.extravars), "follow-pr again")
         assert all(again.changed(h) == 0 for h in HOSTS) and github_follow.module_result(again)["requests"] == 0
     finally:
         gh.stop()

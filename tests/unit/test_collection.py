@@ -4,6 +4,7 @@ playbooks are the same ones, and that ansible-doc renders every module from it."
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -55,7 +56,14 @@ def test_build_and_install(tmp_path):
     # The fleet playbooks run by FQCN from the installed collection.
     inv = tmp_path / "hosts.yml"
     inv.write_text("all:\n  children:\n    llama_hosts:\n      hosts:\n        h1:\n")
-    for pb in ("site", "upgrade", "bench"):
+    shipped = sorted(
+        n[len("playbooks/") : -len(".yml")]
+        for n in names
+        if n.startswith("playbooks/") and n.count("/") == 1 and n.endswith(".yml")
+    )
+    assert shipped and all(re.fullmatch(r"[a-z_][a-z0-9_]*", pb) for pb in shipped), shipped  # a valid FQCN part
+    assert {"site", "upgrade", "bench", "follow_pr"} <= set(shipped), shipped
+    for pb in shipped:
         _run(
             [str(BIN / "ansible-playbook"), "--syntax-check", "-i", str(inv), f"llamafleet.mtp.{pb}"],
             env=env,

@@ -11,7 +11,7 @@
 #   master, tag mainline-0c1e570      the mainline tree (MTP spelled `draft-mtp`)
 #   tag b9180                         STAND-IN for the first release tag that contains the merge of PR
 #                                     #22673 (upstream b9180, 2026-05-16): on the mainline commit, so the
-#                                     fleet follower (playbooks/follow-pr.yml) finds it with `git tag
+#                                     fleet follower (playbooks/follow_pr.yml) finds it with `git tag
 #                                     --contains` or the GitHub stand-in (tests/harness/github_standin.py).
 #                                     Upstream's b9180 is an older commit than 0c1e570; here both name one.
 #   pr-22673, refs/pull/22673/head    STAND-IN for the pre-merge head of PR ggml-org/llama.cpp#22673:

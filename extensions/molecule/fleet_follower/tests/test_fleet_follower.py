@@ -1,4 +1,4 @@
-"""fleet_follower on a real systemd host: the timer runs playbooks/follow-pr.yml through ansible-runner.
+"""fleet_follower on a real systemd host: the timer runs playbooks/follow_pr.yml through ansible-runner.
 
 STAND-IN: GitHub's REST API (tests/harness/github_standin.py, inside the host; PR 22673 open, one valid token).
 """
@@ -33,7 +33,7 @@ def test_timer_and_service(host):
     assert timer.is_enabled and timer.is_running
     unit = host.file("/etc/systemd/system/llamafleet-follow.service").content_string
     assert "Type=oneshot" in unit and "User=llamafleet-follow" in unit
-    assert f"run {DATA} -p playbooks/follow-pr.yml --rotate-artifacts 2" in unit
+    assert f"run {DATA} -p playbooks/follow_pr.yml --rotate-artifacts 2" in unit
     assert TOKEN not in unit
 
 
