@@ -48,6 +48,15 @@ rm -rf "$work/collections"
 ANSIBLE_CONFIG="$work/ansible.cfg" ansible-galaxy collection install --force --no-deps \
   -p "$work/collections" "$tarball" >/dev/null
 echo "sanity: $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KiB), installed under $work/collections"
+# galaxy.yml's dependency ranges against the collections this ansible's bundle ships: an offline install
+# with dependencies resolves them from the bundle and fails when a range excludes the bundled version.
+rm -rf "$work/deps-check"
+if ! out=$(ANSIBLE_CONFIG="$work/ansible.cfg" ansible-galaxy collection install --offline -p "$work/deps-check" "$tarball" 2>&1); then
+  echo "$out" >&2
+  echo "sanity: galaxy.yml's dependencies are not met by the collections of $(ansible --version | head -1)" >&2
+  exit 1
+fi
+echo "sanity: dependencies met by the bundle: $(echo "$out" | grep -o "'[a-z_.]*:[0-9.]*' is already installed" | cut -d"'" -f2 | tr '\n' ' ')"
 
 cd "$work/collections/ansible_collections/llamafleet/mtp"
 # Inside a git checkout ansible-test would list files through git (and see none of these).

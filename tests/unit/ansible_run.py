@@ -31,11 +31,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
+# The controller under test: the project venv, or another ansible-core's venv (scripts/core-lane.sh sets it).
+VENV_BIN = Path(os.environ.get("LLAMAFLEET_ANSIBLE_BIN") or REPO / ".venv" / "bin")
 ANSIBLE = VENV_BIN / "ansible"
 PLAYBOOK = VENV_BIN / "ansible-playbook"
 
-needs_ansible = pytest.mark.skipif(not ANSIBLE.exists(), reason="needs the project venv (.venv/bin/ansible)")
+needs_ansible = pytest.mark.skipif(not ANSIBLE.exists(), reason=f"needs a controller venv ({VENV_BIN}/ansible)")
 
 # job event -> the flag the host result carries for it (as ansible's own json callback reports it)
 RESULT_EVENTS = {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The collection on another supported ansible-core than the project venv's (2.19, Python 3.11):
+#   scripts/core-lane.sh 2.21    Python 3.13: ansible-test sanity on the built artifact, the unit tests with this
+#                                controller, and the host-side tests under its managed-host floor (Python 3.9)
+#   scripts/core-lane.sh 2.20    Python 3.12: ansible-test sanity on the built artifact
+# Each controller gets a venv under $LLAMA_MTP_CACHE from tests/requirements-core-<version>.txt (its `ansible`
+# bundle's collections included); the Python is pyenv's newest <python> (or CORE_LANE_PYTHON).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+core=${1:?usage: $0 2.20|2.21}
+case "$core" in
+  2.20) python_version=3.12 floor=3.9 unit=0 ;;
+  2.21) python_version=3.13 floor=3.9 unit=1 ;;
+  *) echo "core-lane: unknown ansible-core $core (2.19 is the project venv: scripts/run-tests.sh)" >&2; exit 2 ;;
+esac
+py=${CORE_LANE_PYTHON:-}
+if [ -z "$py" ]; then
+  py=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$python_version".*/bin/python"$python_version" 2>/dev/null | sort -rV | head -1)
+  [ -n "$py" ] || py=$(command -v "python$python_version" || true)
+fi
+if [ -z "$py" ] || ! "$py" -c 'import venv' 2>/dev/null; then
+  echo "core-lane: ansible-core $core needs Python $python_version (pyenv or PATH, or CORE_LANE_PYTHON); not tested here" >&2
+  exit 1
+fi
+req=tests/requirements-core-$core.txt
+venv=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/venv-core-$core
+want=$(cat "$req" <("$py" -V) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  echo "$want" > "$venv/.stamp"
+fi
+echo "core-lane: $("$venv/bin/ansible" --version | head -1), $("$venv/bin/python" -V)"
+export PATH="$venv/bin:$PATH" LLAMAFLEET_ANSIBLE_BIN=$venv/bin ANSIBLE_CONFIG=$repo/ansible.cfg
+t0=$SECONDS
+SANITY_PYTHON=$python_version SANITY_WORK=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/sanity-$core \
+  bash scripts/sanity.sh
+echo "core-lane $core: sanity ok ($((SECONDS - t0))s)"
+if [ "$unit" = 1 ]; then
+  t0=$SECONDS
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" tests/unit
+  echo "core-lane $core: unit ok ($((SECONDS - t0))s)"
+  t0=$SECONDS
+  HOST_PYTHON_FLOOR=$floor bash scripts/unit-oldest-python.sh
+  echo "core-lane $core: host floor Python $floor ok ($((SECONDS - t0))s)"
+fi
