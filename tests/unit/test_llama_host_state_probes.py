@@ -8,10 +8,12 @@ is compared with a real `import apt` in a fresh interpreter.
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,9 @@ def test_a_process_runs_its_environment_file_or_not(tmp_path):
     proc = subprocess.Popen([str(link / "sleep"), "30"])
     env = tmp_path / "main.env"
     try:
+        deadline = time.monotonic() + 10  # Popen returns once forked; on a busy machine exec comes later
+        while _proc_exe(proc.pid) != os.path.realpath("/bin/sleep") and time.monotonic() < deadline:
+            time.sleep(0.01)
         env.write_text("# comment\nLLAMA_SERVER_ARGS=30\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n")
         assert _runs_env_file(proc.pid, str(env)) is True
         env.write_text("LLAMA_SERVER_ARGS=31\n")
@@ -102,3 +107,10 @@ def test_a_process_runs_its_environment_file_or_not(tmp_path):
         proc.kill()
         proc.wait()
     assert _runs_env_file(proc.pid, str(env)) is None  # no such process
+
+
+def _proc_exe(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
