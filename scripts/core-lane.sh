@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The collection on another supported ansible-core than the project venv's (2.19, Python 3.11):
-#   scripts/core-lane.sh 2.21    Python 3.13: ansible-test sanity on the built artifact, the unit tests with this
-#                                controller, and the host-side tests under its managed-host floor (Python 3.9)
+# The collection on the other supported ansible-cores than the project venv's (2.21, requirements.txt):
+#   scripts/core-lane.sh 2.19    Python 3.11: ansible-test sanity on the built artifact, the unit tests with this
+#                                controller, and the host-side tests under its managed-host floor (Python 3.8)
 #   scripts/core-lane.sh 2.20    Python 3.12: ansible-test sanity on the built artifact
 # Each controller gets a venv under $LLAMA_MTP_CACHE from tests/requirements-core-<version>.txt (its `ansible`
 # bundle's collections included); the Python is pyenv's newest <python> (or CORE_LANE_PYTHON).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-core=${1:?usage: $0 2.20|2.21}
+core=${1:?usage: $0 2.19|2.20}
 case "$core" in
+  2.19) python_version=3.11 floor=3.8 unit=1 ;;
   2.20) python_version=3.12 floor=3.9 unit=0 ;;
-  2.21) python_version=3.13 floor=3.9 unit=1 ;;
-  *) echo "core-lane: unknown ansible-core $core (2.19 is the project venv: scripts/run-tests.sh)" >&2; exit 2 ;;
+  *) echo "core-lane: unknown ansible-core $core (2.21 is the project venv: scripts/run-tests.sh)" >&2; exit 2 ;;
 esac
 py=${CORE_LANE_PYTHON:-}
 if [ -z "$py" ]; then

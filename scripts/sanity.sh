@@ -4,7 +4,7 @@
 # collections dir, then `ansible-test sanity --local` inside the installed copy.
 #   scripts/sanity.sh [ansible-test sanity options...]   e.g. --test validate-modules
 # Env: SANITY_WORK (scratch dir outside any git checkout, default $LLAMA_MTP_CACHE/sanity),
-#      SANITY_PYTHON (default 3.11, the controller Python).
+#      SANITY_PYTHON (default: the version of python3 on PATH, the controller's).
 #
 # ansible-test bootstraps pip into each sanity venv with a get-pip script it downloads from
 # ci-files.testing.ansible.com (not reachable here); it uses ~/.ansible/test/cache/
@@ -14,7 +14,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${SANITY_WORK:-${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/sanity}
-python_version=${SANITY_PYTHON:-3.11}
+python_version=${SANITY_PYTHON:-$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')}
 mkdir -p "$work/dist" "$work/home/.ansible/test/cache"
 : > "$work/ansible.cfg"   # empty config: the checkout's ansible.cfg must not shadow the artifact
 
