@@ -20,6 +20,7 @@ Every problem names the host, the instance and the field, and all of them are li
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import divide as cores_divide
@@ -29,6 +30,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import 
 # The llamacpp_mtp_build role's default is the same (checked by a unit test).
 DEFAULT_REF = "b9180"
 DEFAULT_DRAFT_N_MAX = 2
+DRAFT_N_MAX_LIMIT = 16  # llama.cpp's default --spec-draft-n-max; above it a draft is mostly rejected work
 CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 SPLIT_MODES = ["auto", "none", "layer", "row", "tensor"]
 FLASH_ATTN = ["on", "off", "auto"]
@@ -42,15 +44,29 @@ FIELDS: dict = {
     "model": {"type": "str", "doc": "A model name of llamafleet_models (model_fetch_facts); its path is served."},
     "model_path": {"type": "path", "doc": "The GGUF file to serve (first part of a split GGUF), instead of model."},
     "host": {"type": "str", "default": "127.0.0.1", "doc": "Address to bind (one IP address or host name)."},
-    "port": {"type": "int", "required": True, "doc": "TCP port, 1024-65535; replica i uses port + i."},
-    "context": {"type": "int", "plan": "context", "doc": "Total context (--ctx-size) over all slots."},
-    "parallel": {"type": "int", "default": 1, "plan": "parallel", "doc": "Server slots (--parallel)."},
+    "port": {
+        "type": "int",
+        "required": True,
+        "min": 1024,
+        "max": 65535,
+        "why": "the service runs without CAP_NET_BIND_SERVICE; put a reverse proxy in front for a low port",
+        "doc": "TCP port, 1024-65535; replica i uses port + i.",
+    },
+    "context": {"type": "int", "min": 1, "plan": "context", "doc": "Total context (--ctx-size) over all slots."},
+    "parallel": {"type": "int", "default": 1, "min": 1, "plan": "parallel", "doc": "Server slots (--parallel)."},
     "kv_unified": {"type": "bool", "default": False, "plan": "kv_unified", "doc": "Unified KV cache."},
     "cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_k"},
     "cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_v"},
     "flash_attn": {"type": "str", "choices": FLASH_ATTN, "doc": "--flash-attn."},
     "mtp": {"type": "bool", "plan": "mtp", "doc": "MTP speculative decoding; default on when the model has MTP."},
-    "draft_n_max": {"type": "int", "default": DEFAULT_DRAFT_N_MAX, "plan": "draft_n_max"},
+    "draft_n_max": {
+        "type": "int",
+        "default": DEFAULT_DRAFT_N_MAX,
+        "min": 1,
+        "max": DRAFT_N_MAX_LIMIT,
+        "why": "tokens drafted per step (--spec-draft-n-max); MTP pays off at 1-4, llama.cpp's own default is 16",
+        "plan": "draft_n_max",
+    },
     "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_k"},
     "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_v"},
     "rope_scaling": {"type": "str", "choices": ROPE_SCALING, "doc": "Opt into a context above the training one."},
@@ -64,21 +80,25 @@ FIELDS: dict = {
     "api_key": {"type": "str", "no_log": True, "doc": "API key, delivered as a root-only systemd credential."},
     "allow_unauthenticated": {"type": "bool", "default": False, "doc": "Allow a non-loopback bind without a key."},
     "devices": {"type": "list", "elements": "int", "plan": "devices", "doc": "GPU indices to use."},
-    "max_gpus": {"type": "int", "plan": "max_gpus", "doc": "At most this many GPUs per replica."},
+    "max_gpus": {"type": "int", "min": 1, "plan": "max_gpus", "doc": "At most this many GPUs per replica."},
     "tensor_split": {"type": "raw", "doc": "A forced -ts (e.g. '3,1' or [3, 1]), instead of the plan's."},
     "split_mode": {"type": "str", "default": "auto", "choices": SPLIT_MODES, "plan": "split_mode"},
     "main_gpu": {"type": "int"},
     "n_gpu_layers": {"type": "int"},
     "force_split_mode_tensor": {"type": "bool", "default": False, "plan": "force_tensor_split"},
-    "threads": {"type": "int", "doc": "--threads; it also gets that many cores of its own when it shares the host."},
-    "threads_batch": {"type": "int"},
+    "threads": {
+        "type": "int",
+        "min": 1,
+        "doc": "--threads; it also gets that many cores of its own when it shares the host.",
+    },
+    "threads_batch": {"type": "int", "min": 1},
     "allow_oversubscribe": {
         "type": "bool",
         "default": False,
         "doc": "Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count).",
     },
-    "batch_size": {"type": "int"},
-    "ubatch_size": {"type": "int"},
+    "batch_size": {"type": "int", "min": 1},
+    "ubatch_size": {"type": "int", "min": 1},
     "webui": {"type": "bool", "default": False},
     "metrics": {"type": "bool", "default": True},
     "extra_args": {"type": "list", "elements": "str", "default": []},
@@ -86,7 +106,6 @@ FIELDS: dict = {
     "replicas": {"type": "raw", "default": 1, "plan": "replicas", "doc": "Replicas on disjoint GPU sets, or auto."},
     "health_timeout": {"type": "int", "doc": "Seconds to wait for /health 200 (default: sized to the model)."},
 }
-POSITIVE = ("port", "parallel", "draft_n_max", "max_gpus", "threads", "threads_batch", "batch_size", "ubatch_size")
 # Settings the plan decides when the instance leaves them unset (the server then uses the plan's value).
 PLANNED = ("context", "mtp")
 
@@ -165,6 +184,61 @@ def _coerce(spec, value):
     return value
 
 
+def _in_bounds(spec, value):
+    return ("min" not in spec or value >= spec["min"]) and ("max" not in spec or value <= spec["max"])
+
+
+def _bounds_text(key, spec, value):
+    lo, hi = spec.get("min"), spec.get("max")
+    if hi is None:
+        want = "a positive integer" if lo == 1 else f"at least {lo}"
+        text = f"must be {want}, got {value!r}"
+    else:
+        text = f"{key} {value!r} must be {lo}-{hi}"
+    return text + (f" ({spec['why']})" if spec.get("why") else "")
+
+
+# systemd splits $LLAMA_SERVER_ARGS at whitespace and has no quoting: a value must hold none of these.
+SAFE_WORD = re.compile(r"^[^\s\"'\\$`]+$")
+
+
+def is_loopback(host):
+    """Whether a bind address is loopback only (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def access_problems(inst, host=None):
+    """Where an instance listens and who may use it (host, api_key): checked by the resolver, before any host
+    changes, and again by llama_server_args for a direct caller. ``inst``: a normalized instance."""
+    label, problems = inst.get("name"), []
+    bind = str(inst.get("host") or "127.0.0.1")
+    if "," in bind or bind.endswith(".sock") or not SAFE_WORD.match(bind):
+        problems.append(
+            f"{where(host, label, 'host')}: host {bind!r} must be one IP address or host name (no lists, no UNIX "
+            "sockets)"
+        )
+    key = inst.get("api_key")
+    has_key = bool(key)
+    if key is not None and not has_key:
+        problems.append(f"{where(host, label, 'api_key')}: api_key is empty; remove it or set a key")
+    if has_key and isinstance(key, str) and ("\n" in key or "\r" in key or "," in key):
+        problems.append(
+            f"{where(host, label, 'api_key')}: api_key may not contain newlines or commas (one key per instance)"
+        )
+    if not has_key and not is_loopback(bind) and not inst.get("allow_unauthenticated"):
+        problems.append(
+            f"{where(host, label, 'host')}: host {bind} is not a loopback address and there is no api_key; anyone "
+            "who can reach the port could use the model. Set api_key (vault it), bind 127.0.0.1, or set "
+            "allow_unauthenticated: true to accept that"
+        )
+    return problems
+
+
 def _close(name, known):
     match = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.75)
     return match[0] if match else None
@@ -194,8 +268,8 @@ def normalize(raw, host=None, fields=None):
             problems.append(f"{where(host, label, key)}: must be a {what}, got {value!r}")
         elif spec.get("choices") and value not in spec["choices"]:
             problems.append(f"{where(host, label, key)}: must be one of {', '.join(spec['choices'])}, got {value!r}")
-        elif key in POSITIVE and value < 1 or key == "context" and value < 1:
-            problems.append(f"{where(host, label, key)}: must be a positive integer, got {value!r}")
+        elif not _in_bounds(spec, value):
+            problems.append(f"{where(host, label, key)}: {_bounds_text(key, spec, value)}")
         inst[key] = value
     return inst, problems
 
@@ -257,6 +331,8 @@ def resolve(
         merged.update((instance_overrides or {}).get(label) or {})
         inst, p = normalize(merged, host)
         problems += p
+        if inst:
+            problems += access_problems(inst, host)
         if not isinstance(label, str) or not _NAME.match(label or ""):
             problems.append(
                 f"{where(host, label, 'name')}: must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting "

@@ -106,7 +106,7 @@ RESERVED_ENV = {
 }
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_SAFE = re.compile(r"^[^\s\"'\\$`]+$")  # systemd splits $LLAMA_SERVER_ARGS at whitespace; no quoting exists
+_SAFE = fleet_instances.SAFE_WORD  # systemd splits $LLAMA_SERVER_ARGS at whitespace; no quoting exists
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 _FORBIDDEN_MODEL_DIRS = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
@@ -136,13 +136,7 @@ def credential_path(name: str) -> str:
     return f"{CREDENTIALS_DIR}/{unit_name(name)}/{CREDENTIAL}"
 
 
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+is_loopback = fleet_instances.is_loopback
 
 
 def _url_host(host: str, advertise: str | None = None) -> str:
@@ -510,28 +504,11 @@ def render(
                 break
 
         host = str(inst.get("host") or "127.0.0.1")
-        if "," in host or host.endswith(".sock") or not _SAFE.match(host):
-            problems.append(
-                f"instance {label!r}: host {host!r} must be one IP address or host name (no lists, no UNIX sockets)"
-            )
+        problems += fleet_instances.access_problems(inst)  # the resolver's checks, for a direct caller
         port = inst.get("port")
-        if not isinstance(port, int) or not 1024 <= port <= 65535:
-            problems.append(
-                f"instance {label!r}: port {port!r} must be 1024-65535 (the service runs without "
-                "CAP_NET_BIND_SERVICE; put a reverse proxy in front for a low port)"
-            )
-            port = None
+        if not isinstance(port, int) or not FIELDS["port"]["min"] <= port <= FIELDS["port"]["max"]:
+            port = None  # normalize reported it
         has_key = bool(inst.get("api_key"))
-        if inst.get("api_key") is not None and not has_key:
-            problems.append(f"instance {label!r}: api_key is empty; remove it or set a key")
-        if has_key and ("\n" in inst["api_key"] or "\r" in inst["api_key"] or "," in inst["api_key"]):
-            problems.append(f"instance {label!r}: api_key may not contain newlines or commas (one key per instance)")
-        if not has_key and not is_loopback(host) and not inst.get("allow_unauthenticated"):
-            problems.append(
-                f"instance {label!r}: host {host} is not a loopback address and there is no api_key; anyone who "
-                "can reach the port could use the model. Set api_key (vault it), bind 127.0.0.1, or set "
-                "allow_unauthenticated: true to accept that"
-            )
         if has_key and not flags.knows("--api-key-file"):
             problems.append(
                 f"instance {label!r}: api_key is set but the binary has no --api-key-file; the key would have "

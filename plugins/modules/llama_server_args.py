@@ -101,7 +101,7 @@ options:
         description: MTP speculative decoding (default true, or the plan's).
         type: bool
       draft_n_max:
-        description: C(--spec-draft-n-max) (default 2, or the plan's).
+        description: C(--spec-draft-n-max), 1-16 (default 2, or the plan's).
         type: int
         default: 2
       draft_cache_type_k:

@@ -62,11 +62,39 @@ def test_every_problem_names_host_instance_and_field():
     assert "host h1, instance 'a', field 'contxt': unknown field (did you mean 'context'?)" in text
     assert "host h1, instance 'a', field 'port': must be a int" in text
     assert "host h1, instance 'a', field 'cache_type_k': must be one of" in text
-    assert "host h1, instance 'b', field 'draft_n_max': must be a positive integer" in text
+    assert "host h1, instance 'b', field 'draft_n_max': draft_n_max 0 must be 1-16" in text
     assert "host h1, instance 'b', field 'name': is declared twice" in text
     assert "host h1, instance 'b', field 'port': 8081 is also the port of 'b'" in text
     assert "host h1, instance 'zz', field 'llamafleet_autotune'" in text
     assert all(p.startswith("host h1") for p in problems)
+
+
+def test_bounds_and_access_are_checked_by_the_resolver_before_any_host_changes():
+    """What llama_server_args refused only in the server stage (after other hosts had changed) the resolver - the
+    facts stage - refuses now, naming host, instance and field: the port range, an upper bound for draft_n_max, a
+    non-loopback bind without an API key, an API key that cannot be one credential line, a host that is a list."""
+    _, problems = resolve(
+        [
+            {"name": "a", "model": "m", "port": 80},
+            {"name": "b", "model": "m", "port": 8081, "draft_n_max": 99},
+            {"name": "c", "model": "m", "port": 8082, "host": "0.0.0.0"},
+            {"name": "d", "model": "m", "port": 8083, "host": "0.0.0.0", "api_key": "two\nlines"},
+            {"name": "e", "model": "m", "port": 8084, "host": "10.0.0.1,10.0.0.2", "api_key": "k"},
+            {"name": "f", "model": "m", "port": 8085, "api_key": ""},
+            {"name": "ok", "model": "m", "port": 8086, "host": "0.0.0.0", "api_key": "k", "draft_n_max": 16},
+            {"name": "open", "model": "m", "port": 8087, "host": "::", "allow_unauthenticated": True},
+        ]
+    )
+    text = "\n".join(problems)
+    assert "host h1, instance 'a', field 'port': port 80 must be 1024-65535 (the service runs without" in text
+    assert "host h1, instance 'b', field 'draft_n_max': draft_n_max 99 must be 1-16" in text
+    assert "host h1, instance 'c', field 'host': host 0.0.0.0 is not a loopback address and there is no api_key" in text
+    assert "host h1, instance 'd', field 'api_key': api_key may not contain newlines or commas" in text
+    assert "host h1, instance 'e', field 'host': host '10.0.0.1,10.0.0.2' must be one IP address" in text
+    assert "host h1, instance 'f', field 'api_key': api_key is empty" in text
+    assert not [p for p in problems if "'ok'" in p or "'open'" in p], problems
+    assert "two\nlines" not in text and "two\\nlines" not in text  # the key itself is never in a message
+    assert len(problems) == 6, problems
 
 
 def test_model_not_declared():
