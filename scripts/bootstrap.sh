@@ -31,14 +31,8 @@ if [ -z "$_py" ] || ! "$_py" -c 'import sys; sys.exit(sys.version_info < (3, 12)
       "$_repo/requirements.txt" > "$_req"
   echo "bootstrap: no Python 3.12+ here: ansible-core 2.19 on $("$_py" -V) (the oldest supported controller)" >&2
 fi
-_stamp=$_venv/.requirements.sha256
-_want=$(cat "$_req" <("$_py" -V) | sha256sum | cut -d' ' -f1)
-if [ ! -x "$_venv/bin/python" ] || [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
-  rm -rf "$_venv"
-  "$_py" -m venv "$_venv"
-  "$_venv/bin/pip" install -q --disable-pip-version-check -r "$_req"
-  echo "$_want" > "$_stamp"
-fi
+source "$_repo/scripts/venv.sh"
+stamped_venv "$_py" "$_req" "$_venv" "$_venv/.requirements.sha256"
 echo "bootstrap: $("$_venv/bin/ansible" --version | head -1) on $("$_venv/bin/python" -V) in $_venv"
 export PATH="$_venv/bin:$PATH"
 export ANSIBLE_CONFIG="$_repo/ansible.cfg"

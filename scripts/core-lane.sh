@@ -25,13 +25,8 @@ if [ -z "$py" ] || ! "$py" -c 'import venv' 2>/dev/null; then
 fi
 req=tests/requirements-core-$core.txt
 venv=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/venv-core-$core
-want=$(cat "$req" <("$py" -V) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  echo "$want" > "$venv/.stamp"
-fi
+source "$repo/scripts/venv.sh"
+stamped_venv "$py" "$req" "$venv"
 echo "core-lane: $("$venv/bin/ansible" --version | head -1), $("$venv/bin/python" -V)"
 export PATH="$venv/bin:$PATH" LLAMAFLEET_ANSIBLE_BIN=$venv/bin ANSIBLE_CONFIG=$repo/ansible.cfg
 t0=$SECONDS

@@ -11,13 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${IMPORT_GATE_WORK:-${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/import-gate}
 req=$repo/tests/requirements-import-gate.txt
 venv=$work/venv
-want=$(cat "$req" <(python3 -V) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  echo "$want" > "$venv/.stamp"
-fi
+source "$repo/scripts/venv.sh"
+stamped_venv "$(command -v python3)" "$req" "$venv"
 mkdir -p "$work/dist"
 : > "$work/empty.cfg"   # no ansible.cfg: the checkout's must not shadow the artifact
 rm -f "$work"/dist/*.tar.gz

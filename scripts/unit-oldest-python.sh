@@ -20,13 +20,8 @@ if [ -z "$py" ]; then
 fi
 req=tests/requirements-oldest-python.txt
 venv=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/venv-py${floor//./}
-want=$(cat "$req" <("$py" -V) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  echo "$want" > "$venv/.stamp"
-fi
+source "$repo/scripts/venv.sh"
+stamped_venv "$py" "$req" "$venv"
 controller_python=$(command -v python3)
 echo "unit-oldest-python: $("$venv/bin/python" -V) ($py) under $("${LLAMAFLEET_ANSIBLE_BIN:-$repo/.venv/bin}/ansible" --version | head -1); GGUF fixtures written by $controller_python"
 # The venv first on PATH: the nvidia-smi stand-in (#!/usr/bin/env python3) runs on 3.8 too, as on a host.
