@@ -24,6 +24,7 @@ import ipaddress
 import re
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import divide as cores_divide
+from ansible_collections.llamafleet.mtp.plugins.module_utils.llamacpp_build import BuildInputError, parse_ref
 from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
 
 # The llama.cpp ref when the inventory declares none (PR ggml-org/llama.cpp#22673 merged as b9180).
@@ -446,12 +447,17 @@ def memory_problems(host, needs, mem_available_bytes, held_bytes):
 def ref_order(ref):
     """A sortable position for refs whose order is known: a PR branch (pull/N) is before every release
     tag (bN) and every mainline build; release tags sort by number. None for refs whose order is unknown
-    (branches, shas). A mainline build and a release tag are not ordered (downgrade_problem): which is
-    newer depends on when each was cut, and both may name one commit (a build cached under either ref)."""
-    r = str(ref or "").strip()
-    m = re.match(r"^(?:refs/)?pull/(\d+)(?:/head)?$", r) or re.match(r"^(\d+)$", r)
-    if m:
-        return (0, int(m.group(1)))
+    (branches, shas) or that are no ref at all. A mainline build and a release tag are not ordered
+    (downgrade_problem): which is newer depends on when each was cut, and both may name one commit (a build
+    cached under either ref). The ref grammar is the build's (llamacpp_build.parse_ref: 22673, #22673,
+    pull/22673, pr/22673, refs/pull/22673/head are one pull request)."""
+    try:
+        parsed = parse_ref(ref)
+    except BuildInputError:
+        return None
+    if parsed["kind"] == "pull":
+        return (0, parsed["pull"])
+    r = parsed["ref"]
     m = re.match(r"^b(\d+)$", r)
     if m:
         return (1, int(m.group(1)))

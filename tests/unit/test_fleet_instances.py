@@ -371,3 +371,15 @@ def test_replicas_auto_and_devices_work_through_site(qwen):
         "noderecord-8x-h200-nvswitch",
     )
     assert one["devices"] == [1] and one["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_ref_order_reads_refs_as_the_build_does():
+    """One ref grammar: every spelling of a pull request the build accepts is that pull request here too, and what
+    the build refuses (an all-digit 7+ character ref: a PR or a sha prefix?) has no order."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import ref_order
+
+    for spelling in ("22673", "#22673", "pull/22673", "pr/22673", "refs/pull/22673/head", 22673):
+        assert ref_order(spelling) == (0, 22673), spelling
+    assert ref_order("b9180") == (1, 9180) and ref_order("master") == (2, 0)
+    assert ref_order("1234567") is None and ref_order("feature-x") is None and ref_order("") is None
+    assert ref_order("pull/22673") < ref_order("b9180")
