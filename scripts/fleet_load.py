@@ -12,7 +12,7 @@ conversations (cache_n / (cache_n + prompt_n) in the responses' timings) and the
 the sum of the instances' single-stream tokens/s (each instance measured directly, alone, with the same mix).
 
 The configurations are the gateway's, switched at run time through HAProxy's runtime API (no restart):
-  slot-aware  each server's maxconn = its instance's slots (llama_gateway_slot_aware, the default): requests
+  slot-aware  each server's maxconn = its instance's slots (llama_gateway_slot_aware: true, opt-in): requests
               wait in HAProxy's queue for the first free slot on any instance;
   leastconn   maxconn 0 (unlimited; the role's configuration before slot-awareness): every request goes to
               the least busy instance at once and waits inside that llama-server.
