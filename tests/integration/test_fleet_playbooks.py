@@ -574,12 +574,16 @@ def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory
     write_group_vars(inv, gv)
     before = {h: (env_file(h), build_info(h)["name"]) for h in HOSTS}
     rel_before = release(inv)
-    run = play(
-        "playbooks/upgrade.yml",
-        inv,
-        tmp_path_factory,
-        extravars={"llamafleet_upgrade_models": {"main": "sandbox-mtp-broken"}},
-    )
+    try:
+        run = play(
+            "playbooks/upgrade.yml",
+            inv,
+            tmp_path_factory,
+            extravars={"llamafleet_upgrade_models": {"main": "sandbox-mtp-broken"}},
+        )
+    finally:  # the broken model stays declared for no one else: a later full converge would refuse it
+        gv["llamafleet_models"] = [m for m in gv["llamafleet_models"] if m["name"] != "sandbox-mtp-broken"]
+        write_group_vars(inv, gv)
     assert run.status == "failed"
     assert run.count("rescued", H1) == 1, run.failures()
     assert H2 not in run.hosts_in("Llama-server instances") | run.hosts_in("llamafleet.mtp.llama")
