@@ -185,7 +185,8 @@ def _coerce(spec, value):
     return value
 
 
-def _in_bounds(spec, value):
+def in_bounds(spec, value):
+    """Whether a number is within a field spec's min/max (a field without bounds takes any)."""
     return ("min" not in spec or value >= spec["min"]) and ("max" not in spec or value <= spec["max"])
 
 
@@ -269,7 +270,7 @@ def normalize(raw, host=None, fields=None):
             problems.append(f"{where(host, label, key)}: must be a {what}, got {value!r}")
         elif spec.get("choices") and value not in spec["choices"]:
             problems.append(f"{where(host, label, key)}: must be one of {', '.join(spec['choices'])}, got {value!r}")
-        elif not _in_bounds(spec, value):
+        elif not in_bounds(spec, value):
             problems.append(f"{where(host, label, key)}: {_bounds_text(key, spec, value)}")
         inst[key] = value
     return inst, problems

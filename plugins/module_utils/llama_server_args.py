@@ -506,7 +506,7 @@ def render(
         host = str(inst.get("host") or "127.0.0.1")
         problems += fleet_instances.access_problems(inst)  # the resolver's checks, for a direct caller
         port = inst.get("port")
-        if not isinstance(port, int) or not FIELDS["port"]["min"] <= port <= FIELDS["port"]["max"]:
+        if not isinstance(port, int) or not fleet_instances.in_bounds(FIELDS["port"], port):
             port = None  # normalize reported it
         has_key = bool(inst.get("api_key"))
         if has_key and not flags.knows("--api-key-file"):
