@@ -19,6 +19,8 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
  3. a models-only upgrade; 4. --check --diff predicts the real run host by host;
  5. an impossible context on a serving host is refused and the old instance still answers;
  6. a failing upgrade is rolled back on the canary and the rollout stops;
+ 6b. a model upgrade to a worse-agreeing MTP head is stopped by the speed gate on the canary (rolled back, no
+    release), and goes through with llamafleet_accept_slower=true;
  7. deliberate restarts never trip systemd's start limit (8 restarts through the role within a minute);
  8. bench --tags autotune on an instance without a pinned draft_n_max, then site.yml passes with the
     tuned value in the env file;
@@ -601,6 +603,47 @@ def _speed(run, host):
         if e.get("event") == "runner_on_ok" and d.get("host") == host and d.get("task") == "Compare with the baseline":
             return d["res"]["ansible_facts"]["llamafleet_speed"]
     return None
+
+
+def test_6b_a_slower_mtp_head_is_stopped_by_the_speed_gate(inv, tmp_path_factory):
+    """A model upgrade to a worse-agreeing MTP head (the harness's ``partial`` kind: the head agrees with the trunk on
+    30 % of the text tokens, against ``agree``'s 100 %) serves, passes /health and the smoke completion, and is
+    slower: the speed gate stops it on the canary (rolled back, the second host untouched, no release written);
+    ``llamafleet_accept_slower=true`` lets the same upgrade through. Stand-in: the generated GGUF models (no
+    Hugging Face); the speed is the real llama-server's on this machine."""
+    slow = _second_model("sandbox-mtp-partial", kind="partial", agree_fraction=0.3)
+    gv = group_vars(inv)
+    gv["llamafleet_models"].append(
+        {"name": "sandbox-mtp-partial", "source": "controller", "controller_path": str(slow)}
+    )
+    write_group_vars(inv, gv)
+    before = {h: (env_file(h), build_info(h)["name"]) for h in HOSTS}
+    current = release(inv)["llamafleet_release_models"].get("main", gv["llamafleet_instances"][0]["model"])
+    rel_before = release(inv)
+    upgrade = {"llamafleet_upgrade_models": {"main": "sandbox-mtp-partial"}}
+    run = play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars=upgrade)
+    assert run.status == "failed"
+    assert run.count("rescued", H1) == 1, run.failures()
+    msgs = " ".join(str(m) for _, _, m in run.failures())
+    assert f"speed gate on {H1}: instance 'main'" in msgs and "sandbox-mtp-partial.gguf" in msgs, msgs[-2000:]
+    assert f"{current}.gguf" in msgs and "llamafleet_accept_slower=true" in msgs, msgs[-2000:]
+    verdict = _speed(run, H1)["instances"]["main"]
+    print(f"\nspeed gate on the canary: {verdict}")
+    assert verdict["change"] < -0.5  # beyond the sandbox's margin (inventories/sandbox: 50 %)
+    assert run.changed(H2) == 0
+    for h in HOSTS:
+        assert (env_file(h), build_info(h)["name"]) == before[h] and health(h) == 200
+    assert release(inv) == rel_before  # nothing recorded
+    try:
+        accepted = {**upgrade, "llamafleet_accept_slower": True}
+        ok(play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars=accepted), "the slower upgrade, accepted")
+        for h in HOSTS:
+            assert "/sandbox-mtp-partial/sandbox-mtp-partial.gguf" in env_file(h) and health(h) == 200
+        assert release(inv)["llamafleet_release_models"] == {"main": "sandbox-mtp-partial"}
+    finally:  # back to the agreeing head for the rest of the sequence (a clean-up: accepted whatever its speed)
+        ok(play("playbooks/upgrade.yml", inv, tmp_path_factory,
+                extravars={"llamafleet_upgrade_models": {"main": current}, "llamafleet_accept_slower": True}),
+           "back to the agreeing MTP head")  # fmt: skip
 
 
 def test_7_deliberate_restarts_never_trip_the_start_limit(tmp_path_factory, tmp_path):
