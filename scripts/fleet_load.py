@@ -14,8 +14,11 @@ the sum of the instances' single-stream tokens/s (each instance measured directl
 The configurations are the gateway's, switched at run time through HAProxy's runtime API (no restart):
   slot-aware  each server's maxconn = its instance's slots (llama_gateway_slot_aware: true, opt-in): requests
               wait in HAProxy's queue for the first free slot on any instance;
-  leastconn   maxconn 0 (unlimited; the role's configuration before slot-awareness): every request goes to
-              the least busy instance at once and waits inside that llama-server.
+  leastconn   maxconn 0 (unlimited; the role's default): every request goes to the least busy instance at once
+              and waits inside that llama-server.
+  affinity    leastconn, and a conversation's requests (X-Session-Id) go to the instance its session hashes to
+              (llama_gateway_affinity: header, bounded load); needs a gateway deployed with it (on the sandbox,
+              --affinity deploys it). Off in the other configurations (its servers in MAINT).
 Levels alternate the order of the two, so drift hits both alike.
 
 On the sandbox fleet (scripts/run-sandbox.sh; the default when its containers run) it first pins each llama
@@ -225,6 +228,25 @@ class Gateway:
     def maxconn(self):
         return {r["svname"]: int(r["slim"]) if r.get("slim") else 0 for r in self.servers()}
 
+    def affinity_servers(self):
+        """The servers of the session-affinity backend (llama_gateway_affinity), if the gateway has one."""
+        lines = self.api("show stat").splitlines()
+        head = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(head, line.split(","), strict=False)) for line in lines[1:] if line]
+        return [
+            r["svname"]
+            for r in rows
+            if r["pxname"] == f"{self.backend}_affinity" and r["svname"] not in ("FRONTEND", "BACKEND")
+        ]
+
+    def set_affinity(self, on):
+        """Affinity off at run time: its servers in MAINT, so the gateway sends sessions to the least busy server
+        (its rule needs a usable affinity server); on: READY (their health still follows the tracked servers)."""
+        for name in self.affinity_servers():
+            answer = self.api(f"set server {self.backend}_affinity/{name} state {'ready' if on else 'maint'}").strip()
+            if answer:
+                raise SystemExit(f"runtime API: set server {self.backend}_affinity/{name}: {answer}")
+
     def set_maxconn(self, values):
         for name, n in values.items():
             answer = self.api(f"set maxconn server {self.backend}/{name} {n}").strip()
@@ -250,11 +272,11 @@ def sandbox_hosts(prefix):
     return hosts, f"{prefix}-gateway" if f"{prefix}-gateway" in names else None
 
 
-def site(inventory, *extra):
+def site(inventory, *extra, gateway=False):
     # A benchmark's model and instances are changed on purpose: the speed gate would (rightly) refuse a slower
-    # generated model, so the change is accepted explicitly.
-    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "site.yml", "-i", str(inventory), "--skip-tags",
-           "gateway", "-e", "llamafleet_accept_slower=true", *extra]  # fmt: skip
+    # generated model, so the change is accepted explicitly. The gateway is left as it is unless asked.
+    cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "site.yml", "-i", str(inventory),
+           *([] if gateway else ["--skip-tags", "gateway"]), "-e", "llamafleet_accept_slower=true", *extra]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -331,6 +353,11 @@ def main():
     p.add_argument("--model-embd", type=int, default=768)
     p.add_argument("--model-layers", type=int, default=6)
     p.add_argument("--parallel", type=int, default=1, help="sandbox: slots per instance")
+    p.add_argument(
+        "--affinity",
+        action="store_true",
+        help="sandbox: deploy the gateway with llama_gateway_affinity: header first (and put it back)",
+    )
     args = p.parse_args()
     key = args.key_file.read_text().split()[0]
 
@@ -357,6 +384,11 @@ def main():
                 s = site(inv)
                 restore.append(lambda: site(REPO / "inventories" / "sandbox"))
                 print(f"sandbox: serving {model} (site.yml on {inv}, {s:.0f} s; the plan sees each host's cores)")
+            if args.affinity:
+                s = site(inv if not args.keep_sandbox_model else REPO / "inventories" / "sandbox",
+                         "-e", "llama_gateway_affinity=header", gateway=True)  # fmt: skip
+                restore.append(lambda: site(REPO / "inventories" / "sandbox", gateway=True))
+                print(f"sandbox: gateway deployed with llama_gateway_affinity: header ({s:.0f} s)")
             url = f"http://{ip(gw)}:8000"
             instances = [f"http://{ip(h)}:8080" for h in hosts]
             admin = args.admin_cmd or f"podman exec -i {gw} python3 -c {shlex.quote(SOCKET_PY)}"
@@ -374,9 +406,21 @@ def main():
             print(f"note: the gateway runs without maxconn on {[k for k, v in deployed.items() if not v]}: "
                   "slot-aware here means maxconn 1 per server")  # fmt: skip
         slot_aware = {k: v or 1 for k, v in deployed.items()}
-        settings = {"slot-aware": slot_aware, "leastconn": dict.fromkeys(deployed, 0)}
+        settings = {"slot-aware": slot_aware, "leastconn": dict.fromkeys(deployed, 0),
+                    "affinity": dict.fromkeys(deployed, 0)}  # fmt: skip
         restore.append(lambda: gateway.set_maxconn(deployed))
+        has_affinity = bool(gateway.affinity_servers())
+        if has_affinity:
+            restore.append(lambda: gateway.set_affinity(True))
         configs = [c for c in args.configs.split(",") if c]
+        unknown = [c for c in configs if c not in settings]
+        if unknown:
+            raise SystemExit(f"unknown configuration(s) {unknown}: choose from {sorted(settings)}")
+        if "affinity" in configs and not has_affinity:
+            raise SystemExit(
+                f"the gateway has no backend {args.backend}_affinity: deploy it with "
+                "llama_gateway_affinity: header (or user) to measure the affinity configuration"
+            )
         levels = [int(x) for x in args.levels.split(",")] if args.levels else sorted({1, slots, 2 * slots, 4 * slots})
         print(f"gateway {url}: {len(deployed)} servers, {slots} slots; levels {levels}; {args.seconds:.0f} s each; "
               f"mix {1 - args.long_share - args.multi_turn:.0%} short ({args.short_tokens} tokens), "
@@ -393,6 +437,8 @@ def main():
         for n, level in enumerate(levels):
             for cfg in configs if n % 2 == 0 else list(reversed(configs)):
                 gateway.set_maxconn(settings[cfg])
+                if has_affinity:
+                    gateway.set_affinity(cfg == "affinity")
                 r = run_level(url, key, level, args, args.seed + level)
                 r["ratio"] = round(r["tok_s"] / single_sum, 3) if single_sum and r["tok_s"] else None
                 results[cfg][str(level)] = r

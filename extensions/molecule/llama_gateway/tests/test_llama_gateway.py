@@ -48,13 +48,13 @@ def http(host, url, body=None, headers=None):
     return json.loads(host.check_output(f"python3 -c {shlex.quote(_HTTP)} {shlex.quote(json.dumps(arg))}"))
 
 
-def stat(host):
+def stat(host, backend="llama"):
     lines = host.check_output(f"python3 -c {shlex.quote(_STAT)}").lstrip("# ").splitlines()
     head = lines[0].split(",")
     return {
         r["svname"]: r
         for r in (dict(zip(head, line.split(","), strict=False)) for line in lines[1:])
-        if r.get("pxname") == "llama"
+        if r.get("pxname") == backend
     }
 
 
@@ -122,6 +122,39 @@ def test_requests_go_to_both_instances(host):
         http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, {"Authorization": f"Bearer {KEY}"})
     after = {s: int(r["stot"]) for s, r in stat(host).items() if s in SERVERS}
     assert all(after[s] > before[s] for s in SERVERS), (before, after)
+
+
+def _sent(host, n, session):
+    before = {s: int(r["stot"]) for s, r in stat(host, "llama_affinity").items() if s in SERVERS}
+    plain = {s: int(r["stot"]) for s, r in stat(host).items() if s in SERVERS}
+    for _ in range(n):
+        headers = {"Authorization": f"Bearer {KEY}", **({"X-Session-Id": session} if session else {})}
+        assert http(host, "http://127.0.0.1:8000/v1/chat/completions", CHAT, headers)["status"] == 200
+    after = {s: int(r["stot"]) for s, r in stat(host, "llama_affinity").items() if s in SERVERS}
+    plain_after = {s: int(r["stot"]) for s, r in stat(host).items() if s in SERVERS}
+    return {s: after[s] - before[s] for s in SERVERS}, {s: plain_after[s] - plain[s] for s in SERVERS}
+
+
+def test_a_session_stays_on_one_instance(host):
+    """llama_gateway_affinity: header - every request of a conversation goes to the same instance (its prompt
+    cache), through the affinity backend; the main backend sees none of them."""
+    for session in ("conversation-1", "conversation-2", "conversation-3"):
+        affinity, plain = _sent(host, 5, session)
+        assert sorted(affinity.values()) == [0, 5], (session, affinity)
+        assert sum(plain.values()) == 0, plain
+
+
+def test_sessions_spread_over_instances(host):
+    used = set()
+    for i in range(12):
+        affinity, _ = _sent(host, 1, f"user-{i}")
+        used |= {s for s, n in affinity.items() if n}
+    assert used == set(SERVERS)
+
+
+def test_requests_without_a_session_go_to_the_least_busy(host):
+    affinity, plain = _sent(host, 4, None)
+    assert sum(affinity.values()) == 0 and sum(plain.values()) == 4, (affinity, plain)
 
 
 def test_prometheus_exporter_and_file_sd(host):
