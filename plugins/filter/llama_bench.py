@@ -36,8 +36,19 @@ def llama_bench_sweep_configs(kind, physical_cores=0, logical_cpus=0, gpu_count=
 
 
 def llama_speed_gate(
-    before, after, margin=0.1, build_before=None, build_after=None, models_before=None, models_after=None, alpha=0.05
+    before,
+    after,
+    margin=0.1,
+    build_before=None,
+    build_after=None,
+    models_before=None,
+    models_after=None,
+    alpha=0.05,
+    carried=None,
 ):
+    """``speed_verdict`` with the builds and models of the message; ``carried``: name -> the verdict entry the last
+    converge recorded, kept (as not measured this time: no change, ``carried: true``) for the instances measured
+    neither before nor after here (they did not restart)."""
     names = set(before or {}) | set(after or {})
     context = {
         n: {
@@ -48,7 +59,13 @@ def llama_speed_gate(
         }
         for n in names
     }
-    return speed_verdict(dict(before or {}), dict(after or {}), margin, context, alpha)
+    verdict = speed_verdict(dict(before or {}), dict(after or {}), margin, context, alpha)
+    for name, entry in (carried or {}).items():
+        if name not in names and isinstance(entry, dict):
+            verdict["instances"][name] = dict(
+                entry, change=None, p_value=None, slower=False, tok_s_before=None, carried=True
+            )
+    return verdict
 
 
 class FilterModule:
