@@ -6,7 +6,8 @@ Pure logic, no Ansible imports. Everything a host should run is declared in the 
   ``<inventory>/group_vars/all/llamafleet_release.yml``);
 * the models (``llamafleet_models``) and the model upgrades (``llamafleet_release_models``: instance -> model);
 * the instances (``llamafleet_instances``, fields in ``FIELDS`` below);
-* the benchmark's autotune result (``llamafleet_autotune``: instance -> best draft-n-max).
+* the benchmark's autotune result (``llamafleet_autotune``: instance -> ``{draft_n_max, spec_draft_p_min}``, or
+  the best draft-n-max alone as written before p-min was tuned).
 
 ``resolve`` turns that into one list of complete, validated instances: defaults applied once, autotune and
 model upgrades applied once. The planner's settings (``planner_kwargs``) and the server's arguments
@@ -38,8 +39,11 @@ FLASH_ATTN = ["on", "off", "auto"]
 ROPE_SCALING = ["linear", "yarn"]
 
 # name -> spec. "default": applied by resolve (None: not rendered, llama-server's own default, or the
-# plan's where "plan" names the planner option). "doc": the one description (the role's argument_specs
-# and the llama_server_args module's DOCUMENTATION carry the same fields; a unit test compares them).
+# plan's where "plan" names the planner option). "flag": a value llama-server takes as it is - the flag it renders
+# to, then its other spellings (extra_args may not use any of them); rendered only where the built binary lists
+# the flag (else refused, naming the field), and only with MTP on where "with_mtp". "doc": the one description
+# (the role's argument_specs and the llama_server_args module's DOCUMENTATION carry the same fields; a unit test
+# compares them).
 FIELDS: dict = {
     "name": {"type": "str", "required": True, "doc": "Instance name; the unit is llama-server@<name>.service."},
     "model": {"type": "str", "doc": "A model name of llamafleet_models (model_fetch_facts); its path is served."},
@@ -68,15 +72,33 @@ FIELDS: dict = {
         "why": "tokens drafted per step (--spec-draft-n-max); MTP pays off at 1-4, llama.cpp's own default is 16",
         "plan": "draft_n_max",
     },
+    "spec_draft_p_min": {
+        "type": "float",
+        "min": 0.0,
+        "max": 1.0,
+        "why": "a probability: MTP stops a draft at a token the model gives less than this (--spec-draft-p-min)",
+        "doc": "--spec-draft-p-min, 0-1: MTP stops a draft below this top-token probability (llama.cpp's default 0).",
+        "flag": ["--spec-draft-p-min", "--draft-p-min"],
+        "with_mtp": True,
+    },
+    "spec_draft_n_min": {
+        "type": "int",
+        "min": 0,
+        "max": DRAFT_N_MAX_LIMIT,
+        "why": "a draft shorter than this is discarded (--spec-draft-n-min); at most draft_n_max",
+        "doc": "--spec-draft-n-min, 0-16: drafts shorter than this are discarded (llama.cpp's default 0).",
+        "flag": ["--spec-draft-n-min"],
+        "with_mtp": True,
+    },
     "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_k"},
     "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_v"},
     "rope_scaling": {"type": "str", "choices": ROPE_SCALING, "doc": "Opt into a context above the training one."},
     "rope_scale": {"type": "float", "doc": "--rope-scale (with rope_scaling)."},
-    "temp": {"type": "float"},
-    "top_k": {"type": "int"},
-    "top_p": {"type": "float"},
-    "min_p": {"type": "float"},
-    "repeat_penalty": {"type": "float"},
+    "temp": {"type": "float", "flag": ["--temp", "--temperature"]},
+    "top_k": {"type": "int", "flag": ["--top-k"]},
+    "top_p": {"type": "float", "flag": ["--top-p"]},
+    "min_p": {"type": "float", "flag": ["--min-p"]},
+    "repeat_penalty": {"type": "float", "flag": ["--repeat-penalty"]},
     "alias": {"type": "str", "doc": "--alias (the model name clients see)."},
     "api_key": {"type": "str", "no_log": True, "doc": "API key, delivered as a root-only systemd credential."},
     "allow_unauthenticated": {"type": "bool", "default": False, "doc": "Allow a non-loopback bind without a key."},
@@ -283,6 +305,36 @@ def _replicas_ok(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+# The fields playbooks/bench.yml --tags autotune writes (llamafleet_autotune), each applied where the instance
+# does not set it.
+AUTOTUNED = ("draft_n_max", "spec_draft_p_min")
+
+
+def _autotuned(value, host, label):
+    """One instance's llamafleet_autotune entry as ``({field: value}, problems)``: a mapping of AUTOTUNED fields,
+    or a bare draft-n-max (what the benchmark wrote before it tuned p-min); each checked as FIELDS says."""
+    if value is None:
+        return {}, []
+    if not isinstance(value, dict):
+        value = {"draft_n_max": value}
+    out, problems = {}, []
+    for key, v in value.items():
+        spec = FIELDS.get(key)
+        if key not in AUTOTUNED or spec is None:
+            problems.append(
+                f"{where(host, label, 'llamafleet_autotune')}: {key!r} is not a tuned field ({', '.join(AUTOTUNED)})"
+            )
+            continue
+        v = _coerce(spec, v)
+        if v is None:
+            continue
+        if not _type_ok(spec, v) or not in_bounds(spec, v):
+            problems.append(f"{where(host, label, key)}: llamafleet_autotune gives {v!r}: {_bounds_text(key, spec, v)}")
+            continue
+        out[key] = v
+    return out, problems
+
+
 def resolve(
     instances,
     *,
@@ -294,7 +346,8 @@ def resolve(
 ):
     """The host's instances, complete and validated; returns ``(instances, problems)``.
 
-    ``autotune``: instance -> best draft-n-max (used where the instance does not pin draft_n_max);
+    ``autotune``: instance -> ``{draft_n_max, spec_draft_p_min}`` or a bare draft-n-max (each used where the
+    instance does not set that field);
     ``model_overrides``: instance -> model name (model upgrades); ``instance_overrides``: instance ->
     {field: value} applied last (benchmark variants); ``models``: the declared model names, or None to
     skip that check.
@@ -325,11 +378,9 @@ def resolve(
             merged["model"] = new_model
             merged.pop("model_path", None)
         best = (autotune or {}).get(label) if isinstance(autotune, dict) else None
-        if best is not None and raw.get("draft_n_max") is None:
-            if isinstance(best, bool) or not isinstance(best, int) or best < 1:
-                problems.append(f"{where(host, label, 'draft_n_max')}: llamafleet_autotune gives {best!r}, not >= 1")
-            else:
-                merged["draft_n_max"] = best
+        tuned, p = _autotuned(best, host, label)
+        problems += p
+        merged.update({k: v for k, v in tuned.items() if raw.get(k) is None})
         merged.update((instance_overrides or {}).get(label) or {})
         inst, p = normalize(merged, host)
         problems += p
@@ -350,6 +401,12 @@ def resolve(
             problems.append(
                 f"{where(host, label, 'model')}: {inst['model']!r} is not in llamafleet_models "
                 f"(declared: {', '.join(sorted(models)) or 'none'})"
+            )
+        n_min, n_max = inst.get("spec_draft_n_min"), inst.get("draft_n_max")
+        if isinstance(n_min, int) and isinstance(n_max, int) and n_min > n_max:
+            problems.append(
+                f"{where(host, label, 'spec_draft_n_min')}: {n_min} is above draft_n_max {n_max}: every draft would be "
+                "discarded"
             )
         if inst.get("rope_scale") is not None and not inst.get("rope_scaling"):
             problems.append(f"{where(host, label, 'rope_scale')}: set rope_scaling (linear or yarn) with it")

@@ -67,10 +67,27 @@ def completion_sample(answer: dict) -> dict:
     }
 
 
-def summarize(label: str, draft_n_max, samples: list, delta: dict | None = None) -> dict:
-    """Median tokens/s over the samples, and acceptance from the metrics delta (else the timings)."""
+def summarize(
+    label: str,
+    draft_n_max,
+    samples: list,
+    delta: dict | None = None,
+    *,
+    concurrency: int = 1,
+    rounds: list | None = None,
+    spec_draft_p_min=None,
+) -> dict:
+    """Median tokens/s over the samples, and acceptance from the metrics delta (else the timings).
+
+    ``rounds``: ``[(tokens, seconds)]`` of each round in which ``concurrency`` closed-loop clients each sent the
+    prompts once: the served tokens/s of the whole instance (all streams together, over the wall time). The figure
+    the benchmark compares, ``tok_s``, is that at a concurrency above 1 (the load the instance is declared for:
+    its slots), else the median decode tokens/s of the one stream."""
     if not samples:
         raise BenchError(f"no samples for {label}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise BenchError(f"concurrency must be a positive integer, got {concurrency!r}")
+    served = [t / sec for t, sec in rounds or [] if sec > 0]
     tok_s = [s["tok_s"] for s in samples]
     drafted = sum(s["draft_n"] for s in samples)
     accepted = sum(s["draft_accepted"] for s in samples)
@@ -84,13 +101,22 @@ def summarize(label: str, draft_n_max, samples: list, delta: dict | None = None)
     else:
         acceptance = None
         source = None
+    median = round(statistics.median(tok_s), 2)
+    served_median = round(statistics.median(served), 2) if served else None
+    if concurrency > 1 and served_median is None:
+        raise BenchError(f"no timed rounds for {label} at concurrency {concurrency}")
     return {
         "label": label,
         "mtp": draft_n_max is not None,
         "draft_n_max": draft_n_max,
+        "spec_draft_p_min": spec_draft_p_min if draft_n_max is not None else None,
+        "concurrency": concurrency,
+        "tok_s": served_median if concurrency > 1 else median,
+        "served_tok_s": served_median,
+        "served_tok_s_samples": [round(x, 2) for x in served],
         "runs": len(samples),
         "tokens": sum(s["tokens"] for s in samples),
-        "tok_s_median": round(statistics.median(tok_s), 2),
+        "tok_s_median": median,
         "tok_s_min": round(min(tok_s), 2),
         "tok_s_max": round(max(tok_s), 2),
         "tok_s_samples": [round(x, 2) for x in tok_s],
@@ -101,20 +127,34 @@ def summarize(label: str, draft_n_max, samples: list, delta: dict | None = None)
     }
 
 
+def _figure(row):
+    """The figure rows are compared on (``summarize``'s ``tok_s``; rows from before it: the median)."""
+    value = row.get("tok_s")
+    return row["tok_s_median"] if value is None else value
+
+
 def compare(rows: list) -> dict:
-    """Add speed-up vs the run without MTP, pick the best draft length (highest median tok/s)."""
+    """Add speed-up vs the run without MTP, pick the best MTP configuration (highest ``tok_s``: one stream's median,
+    or the served tokens/s at the instance's concurrency): its draft length and p-min (null: llama.cpp's default)."""
     base = [r for r in rows if not r["mtp"]]
     if not base:
         raise BenchError("no baseline run without MTP: cannot compute a speed-up")
-    base_tok_s = base[0]["tok_s_median"]
+    levels = sorted({r.get("concurrency") or 1 for r in rows})
+    if len(levels) > 1:
+        raise BenchError(f"rows measured at different concurrencies {levels} cannot be compared")
+    base_tok_s = _figure(base[0])
     for r in rows:
-        r["speedup"] = round(r["tok_s_median"] / base_tok_s, 3) if base_tok_s > 0 else None
+        r["speedup"] = round(_figure(r) / base_tok_s, 3) if base_tok_s > 0 else None
     mtp_rows = [r for r in rows if r["mtp"]]
-    best = max(mtp_rows, key=lambda r: r["tok_s_median"]) if mtp_rows else None
+    best = max(mtp_rows, key=_figure) if mtp_rows else None
+    wins = bool(best) and _figure(best) > base_tok_s
     return {
         "baseline_tok_s": base_tok_s,
+        "concurrency": levels[0],
         "rows": rows,
-        "best_draft_n_max": best["draft_n_max"] if best and best["tok_s_median"] > base_tok_s else None,
+        "best_label": best["label"] if best else None,
+        "best_draft_n_max": best["draft_n_max"] if wins else None,
+        "best_spec_draft_p_min": best.get("spec_draft_p_min") if wins else None,
         "best_speedup": best["speedup"] if best else None,
     }
 
@@ -122,20 +162,34 @@ def compare(rows: list) -> dict:
 def table(result: dict) -> list:
     """Human-readable lines (one per configuration); the roofline columns when the result has them."""
     roof = "bandwidth_bytes_per_s" in result
-    head = f"{'config':<14}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"
+    served = (result.get("concurrency") or 1) > 1
+    head = f"{'config':<18}{'tok/s':>9}{'min':>9}{'max':>9}{'accept':>9}{'speedup':>9}"
+    head += f"{'served':>10}" if served else ""
     lines = [head + (f"{'MB/token':>10}{'eff %':>8}" if roof else "")]
     for r in result["rows"]:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         line = (
-            f"{r['label']:<14}{r['tok_s_median']:>9.1f}{r['tok_s_min']:>9.1f}{r['tok_s_max']:>9.1f}"
+            f"{r['label']:<18}{r['tok_s_median']:>9.1f}{r['tok_s_min']:>9.1f}{r['tok_s_max']:>9.1f}"
             f"{acc:>9}{r['speedup']:>8.2f}x"
         )
+        if served:
+            line += f"{r['served_tok_s'] or 0:>10.1f}"
         if roof:
             eff = "-" if r.get("efficiency_pct") is None else f"{r['efficiency_pct']:.1f}"
             line += f"{r['bytes_per_token'] / 1e6:>10.1f}{eff:>8}"
         lines.append(line)
     best = result.get("best_draft_n_max")
-    lines.append(f"best draft-n-max: {best}" if best is not None else "MTP did not beat the baseline here")
+    p_min = result.get("best_spec_draft_p_min")
+    lines.append(
+        (f"best draft-n-max: {best}" + (f", p-min {p_min}" if p_min is not None else ""))
+        if best is not None
+        else "MTP did not beat the baseline here"
+    )
+    if served:
+        lines.append(
+            f"tok/s, min, max: one stream's decode speed; served: all {result['concurrency']} streams together "
+            "(the figure compared, the speed-up's)"
+        )
     if roof:
         bw = result["bandwidth_bytes_per_s"]
         lines.append(

@@ -85,15 +85,12 @@ CONTROLLED_FLAGS = {
     "batch_size": ["-b", "--batch-size"],
     "ubatch_size": ["-ub", "--ubatch-size"],
     "rope_scaling": ["--rope-scaling", "--rope-scale"],
-    "temp": ["--temp", "--temperature"],
-    "top_k": ["--top-k"],
-    "top_p": ["--top-p"],
-    "min_p": ["--min-p"],
-    "repeat_penalty": ["--repeat-penalty"],
     "metrics": ["--metrics"],
     "webui": ["--ui", "--webui", "--no-ui", "--no-webui"],
     "api_key": ["--api-key", "--api-key-file"],
 }
+# the fields that render a flag as it is (FIELDS' "flag"), every spelling
+CONTROLLED_FLAGS.update({key: list(spec["flag"]) for key, spec in FIELDS.items() if spec.get("flag")})
 _CONTROLLED = {flag: field for field, flags in CONTROLLED_FLAGS.items() for flag in flags}
 # Environment variables that carry secrets or that the role sets itself.
 RESERVED_ENV = {
@@ -218,6 +215,24 @@ class _Flags:
 
     def knows(self, flag: str) -> bool:
         return flag in self.long or flag in self.short
+
+
+def _table_flags(inst: dict, mtp, flags: _Flags, binary: str, problems: list) -> list:
+    """The fields FIELDS renders as they are ("flag"), in its order: only those set, the MTP ones only with MTP on,
+    each refused (naming the field) where the binary does not list its flag."""
+    out = []
+    for key, spec in FIELDS.items():
+        if not spec.get("flag") or inst.get(key) is None or (spec.get("with_mtp") and not mtp):
+            continue
+        flag = spec["flag"][0]
+        if not flags.knows(flag):
+            problems.append(
+                f"instance {inst['name']!r}, field {key!r}: it renders {flag}, which {binary} does not know (not in "
+                "its --help); unset it or build a llama.cpp that has it"
+            )
+            continue
+        out += [flag, _fmt(inst[key])]
+    return out
 
 
 def _plan_instance(plan: dict, index: int):
@@ -568,15 +583,7 @@ def render(
             tuning += ["--rope-scaling", inst["rope_scaling"]]
             if inst.get("rope_scale") is not None:
                 tuning += ["--rope-scale", _fmt(inst["rope_scale"])]
-        for key, flag in (
-            ("temp", "--temp"),
-            ("top_k", "--top-k"),
-            ("top_p", "--top-p"),
-            ("min_p", "--min-p"),
-            ("repeat_penalty", "--repeat-penalty"),
-        ):
-            if inst.get(key) is not None:
-                tuning += [flag, _fmt(inst[key])]
+        tuning += _table_flags(inst, mtp, flags, f"the binary {binary} ({caps.get('build_info')})", problems)
         extra = _extra_args(inst, flags, problems)
 
         count, suffixed = _replica_count(inst, plan, problems)

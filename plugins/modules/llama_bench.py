@@ -51,6 +51,17 @@ options:
   draft_n_max:
     description: The draft length the server runs with, for the record; null when MTP is off.
     type: int
+  spec_draft_p_min:
+    description: The C(--spec-draft-p-min) the server runs with, for the record; null - llama.cpp's default.
+    type: float
+  concurrency:
+    description:
+      - Closed-loop clients sending at once. Each of the O(runs) rounds has every client send each prompt once (after
+        the warm-up); the row's C(served_tok_s) is the tokens all of them got per second of wall time, the median over
+        the rounds, and above 1 it is the row's C(tok_s), the figure C(llamafleet.mtp.llama_bench_compare) compares.
+      - Set it to the instance's slots (C(parallel)) to measure at the load the instance is declared for.
+    type: int
+    default: 1
   request:
     description: Extra /completion request fields (sampling), merged into every request.
     type: dict
@@ -93,6 +104,24 @@ row:
     draft_n_max:
       description: Draft length, or null.
       type: int
+    spec_draft_p_min:
+      description: The p-min it ran with, or null (llama.cpp's default; also null without MTP).
+      type: float
+    concurrency:
+      description: Clients that sent at once.
+      type: int
+    tok_s:
+      description: >-
+        The figure compared - the median decode tokens/s of one stream, or at a concurrency above 1 the served
+        tokens/s.
+      type: float
+    served_tok_s:
+      description: Median over the rounds of the tokens all clients got per second of wall time.
+      type: float
+    served_tok_s_samples:
+      description: Each round's served tokens/s.
+      type: list
+      elements: float
     runs:
       description: Counted requests.
       type: int
@@ -127,6 +156,8 @@ row:
 """
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import (
@@ -160,6 +191,8 @@ def main():
             warmup=dict(type="int", default=1),
             label=dict(type="str", required=True),
             draft_n_max=dict(type="int"),
+            spec_draft_p_min=dict(type="float"),
+            concurrency=dict(type="int", default=1),
             request=dict(type="dict", default={"temperature": 0.0, "seed": 42, "cache_prompt": False}),
             timeout=dict(type="int", default=600),
         ),
@@ -171,16 +204,21 @@ def main():
     if p["api_key"]:
         headers["Authorization"] = "Bearer " + p["api_key"]
 
+    if p["concurrency"] < 1:
+        module.fail_json(msg=f"concurrency must be at least 1, got {p['concurrency']}")
+
     def complete(prompt):
         body = dict(p["request"], prompt=prompt, n_predict=p["n_predict"])
         resp, info = fetch_url(
             module, base + "/completion", data=json.dumps(body), headers=headers, method="POST", timeout=p["timeout"]
         )
         if info["status"] != 200:
-            module.fail_json(
-                msg=f"POST {base}/completion answered {info['status']}: {info.get('body') or info.get('msg')}"
-            )
+            # raised, not fail_json: a client thread must not exit the module
+            raise BenchError(f"POST {base}/completion answered {info['status']}: {info.get('body') or info.get('msg')}")
         return json.loads(resp.read())
+
+    def client():  # one closed-loop client: each prompt once, in order
+        return [completion_sample(complete(prompt)) for prompt in p["prompts"]]
 
     def metrics():
         status, text = _get(module, base + "/metrics", headers, 30)
@@ -192,9 +230,23 @@ def main():
         for _dummy in range(p["warmup"]):
             complete(p["prompts"][0])
         before = metrics()
-        samples = [completion_sample(complete(prompt)) for _dummy in range(p["runs"]) for prompt in p["prompts"]]
+        samples, rounds = [], []
+        with ThreadPoolExecutor(max_workers=p["concurrency"]) as pool:
+            for _dummy in range(p["runs"]):
+                start = time.monotonic()
+                got = [s for f in [pool.submit(client) for _c in range(p["concurrency"])] for s in f.result()]
+                rounds.append((sum(s["tokens"] for s in got), time.monotonic() - start))
+                samples += got
         after = metrics()
-        row = summarize(p["label"], p["draft_n_max"], samples, metrics_delta(before, after))
+        row = summarize(
+            p["label"],
+            p["draft_n_max"],
+            samples,
+            metrics_delta(before, after),
+            concurrency=p["concurrency"],
+            rounds=rounds,
+            spec_draft_p_min=p["spec_draft_p_min"],
+        )
     except BenchError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, row=row)

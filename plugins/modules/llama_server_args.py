@@ -104,6 +104,12 @@ options:
         description: C(--spec-draft-n-max), 1-16 (default 2, or the plan's).
         type: int
         default: 2
+      spec_draft_p_min:
+        description: C(--spec-draft-p-min), 0-1, with MTP on (unset - llama.cpp's default 0).
+        type: float
+      spec_draft_n_min:
+        description: C(--spec-draft-n-min), 0-16 and at most O(instances[].draft_n_max), with MTP on (unset - 0).
+        type: int
       draft_cache_type_k:
         description: C(--spec-draft-type-k).
         type: str

@@ -38,6 +38,28 @@ def test_autotune_fills_only_unpinned_draft_n_max():
     assert [i["draft_n_max"] for i in out] == [3, 4]
 
 
+def test_autotune_entry_with_p_min_fills_each_unset_field_and_is_checked():
+    """llamafleet_autotune as bench.yml --tags autotune writes it now ({draft_n_max, spec_draft_p_min}) or before
+    (a bare draft-n-max); each tuned field applies where the instance leaves it unset, and a bad entry is refused
+    naming host, instance and field."""
+    out, problems = resolve(
+        [{"name": "a", "model": "m", "port": 8080}, {"name": "b", "model": "m", "port": 8081, "spec_draft_p_min": 0.2},
+         {"name": "c", "model": "m", "port": 8082}],
+        autotune={"a": {"draft_n_max": 3, "spec_draft_p_min": 0.6}, "b": {"draft_n_max": 1, "spec_draft_p_min": "0.8"},
+                  "c": 4},
+    )  # fmt: skip
+    assert problems == []
+    assert [(i["draft_n_max"], i.get("spec_draft_p_min")) for i in out] == [(3, 0.6), (1, 0.2), (4, None)]
+    _, problems = resolve(
+        [{"name": "a", "model": "m", "port": 8080}, {"name": "b", "model": "m", "port": 8081}],
+        autotune={"a": {"spec_draft_p_min": 1.5, "threads": 2}, "b": 0},
+    )
+    text = "\n".join(problems)
+    assert "host h1, instance 'a', field 'spec_draft_p_min': llamafleet_autotune gives 1.5" in text
+    assert "host h1, instance 'a', field 'llamafleet_autotune': 'threads' is not a tuned field" in text
+    assert "host h1, instance 'b', field 'draft_n_max': llamafleet_autotune gives 0" in text
+
+
 def test_model_upgrade_and_bench_override():
     (inst,), problems = resolve(
         [{"name": "a", "model": "m", "port": 8080}],
@@ -383,3 +405,16 @@ def test_ref_order_reads_refs_as_the_build_does():
     assert ref_order("b9180") == (1, 9180) and ref_order("master") == (2, 0)
     assert ref_order("1234567") is None and ref_order("feature-x") is None and ref_order("") is None
     assert ref_order("pull/22673") < ref_order("b9180")
+
+
+def test_table_flag_fields_are_controlled_and_n_min_stays_within_n_max():
+    """A field FIELDS renders as it is ("flag") owns every spelling of its flag (extra_args may not use one), and
+    spec_draft_n_min above draft_n_max (every draft discarded) is refused by the resolver, naming the field."""
+    for key, spec in fi.FIELDS.items():
+        for flag in spec.get("flag") or []:
+            assert la._CONTROLLED[flag] == key
+    _, problems = resolve([{"name": "a", "model": "m", "port": 8080, "draft_n_max": 2, "spec_draft_n_min": 3}])
+    assert problems == ["host h1, instance 'a', field 'spec_draft_n_min': 3 is above draft_n_max 2: every draft "
+                        "would be discarded"]  # fmt: skip
+    (inst,), problems = resolve([{"name": "a", "model": "m", "port": 8080, "spec_draft_n_min": 2}])
+    assert problems == [] and inst["spec_draft_n_min"] == 2

@@ -91,6 +91,32 @@ def test_compare_without_gain_or_baseline():
         compare(rows[1:])
 
 
+def test_at_the_declared_load_the_served_figure_is_compared_and_p_min_is_picked():
+    """Autotune at the instance's slots: with 2 clients the figure is the served tokens/s of both streams (a draft
+    length that is fastest for one stream can lose when two share the server), and the best configuration's
+    p-min comes with its draft length; rows at different concurrencies are not compared."""
+    one = [completion_sample(_answer(50.0)), completion_sample(_answer(52.0))]
+    base = summarize("no-mtp", None, one, concurrency=2, rounds=[(256, 4.0), (256, 4.2)])
+    assert base["tok_s"] == base["served_tok_s"] == pytest.approx(62.5, abs=0.1) and base["tok_s_median"] == 51.0
+    assert base["spec_draft_p_min"] is None and base["served_tok_s_samples"] == [64.0, 60.95]
+    fast_alone = summarize("mtp-n4", 4, [completion_sample(_answer(90.0))] * 2, concurrency=2, rounds=[(256, 3.2)])
+    at_load = summarize("mtp-n2-p0.6", 2, [completion_sample(_answer(70.0))] * 2, concurrency=2, rounds=[(256, 2.0)],
+                        spec_draft_p_min=0.6)  # fmt: skip
+    r = compare([base, fast_alone, at_load])
+    assert r["concurrency"] == 2 and r["best_label"] == "mtp-n2-p0.6"
+    assert r["best_draft_n_max"] == 2 and r["best_spec_draft_p_min"] == 0.6 and r["best_speedup"] == 2.049
+    lines = table(r)
+    assert "served" in lines[0] and "best draft-n-max: 2, p-min 0.6" in lines
+    single = summarize("mtp-n3", 3, one)  # one client: the figure is the stream's median, as before
+    assert single["tok_s"] == 51.0 and single["concurrency"] == 1 and single["served_tok_s"] is None
+    with pytest.raises(BenchError, match="different concurrencies"):
+        compare([base, single])
+    with pytest.raises(BenchError, match="no timed rounds"):
+        summarize("mtp-n3", 3, one, concurrency=2)
+    with pytest.raises(BenchError, match="concurrency"):
+        summarize("mtp-n3", 3, one, concurrency=0)
+
+
 # ------------------------------------------------------------------------------------------------
 # the rolling converge's speed gate
 
@@ -153,3 +179,21 @@ def test_speed_gate_needs_the_requests_to_rank_lower_not_only_the_median():
     big_a, big_b = list(range(100, 130)), list(range(115, 145))
     assert slower_p_value(big_a, big_b) < 0.05 < slower_p_value(big_b, big_a)
     assert slower_p_value([], [1.0]) is None
+
+
+def test_speed_gate_filter_keeps_the_last_figure_of_an_instance_that_did_not_restart():
+    """The filter the converge uses: instances measured neither before nor after (not restarted) keep the entry the
+    last converge recorded, marked carried and never judged; a measured one is judged, whatever was recorded."""
+    from ansible_collections.llamafleet.mtp.plugins.filter.llama_bench import FilterModule
+
+    gate = FilterModule().filters()["llama_speed_gate"]
+    recorded = {"other": {"tok_s": 812.4, "acceptance": 0.91, "change": -0.03, "tok_s_before": 838.6, "slower": False},
+                "main": {"tok_s": 100.0, "change": 0.0}, "gone": "not a dict"}  # fmt: skip
+    v = gate({"main": _row(100.0)}, {"main": _row(70.0)}, 0.1, build_before="b1", build_after="b2",
+             models_before={"main": "/m/a.gguf"}, models_after={"main": "/m/b.gguf"}, carried=recorded)  # fmt: skip
+    assert v["slower"] == ["main"] and "model b.gguf" in v["messages"][0] and "build b1" in v["messages"][0]
+    assert v["instances"]["main"]["change"] == -0.3 and "carried" not in v["instances"]["main"]
+    other = v["instances"]["other"]
+    assert other["carried"] and other["tok_s"] == 812.4 and other["change"] is None and other["tok_s_before"] is None
+    assert "gone" not in v["instances"]
+    assert gate({}, {}, 0.1)["instances"] == {}

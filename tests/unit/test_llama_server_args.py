@@ -143,6 +143,32 @@ def test_old_binary_refused_for_flags_it_does_not_know(model_info):
     assert "does not know --parallel" in msg
 
 
+def test_spec_draft_p_min_rendered_with_mtp_and_refused_where_the_binary_lacks_it(model_info):
+    inst = [{"name": "a", "model_path": AGREE, "port": 8081, "spec_draft_p_min": 0.6}]
+    (main,) = render(inst, model_info, MAINLINE)
+    (pr,) = render(inst, model_info, PR)
+    assert value(main["args"], "--spec-draft-p-min") == "0.6" == value(pr["args"], "--spec-draft-p-min")
+    (plain,) = render([{"name": "b", "model_path": PLAIN, "port": 8082, "mtp": False, "spec_draft_p_min": 0.6}],
+                      model_info)  # fmt: skip
+    assert "--spec-draft-p-min" not in plain["args"]  # MTP off: nothing drafts
+    (unset,) = render([{"name": "a", "model_path": AGREE, "port": 8081}], model_info)
+    assert "--spec-draft-p-min" not in unset["args"]  # llama.cpp's own default
+    caps = dict(MAINLINE, flags=[f for f in MAINLINE["flags"] if f not in ("--spec-draft-p-min", "--draft-p-min")])
+    msg = refused(inst, model_info, caps)
+    assert "instance 'a', field 'spec_draft_p_min': it renders --spec-draft-p-min, which the binary" in msg
+    (both,) = render([dict(inst[0], spec_draft_n_min=1, temp=0.7)], model_info)
+    a = both["args"]
+    assert value(a, "--spec-draft-n-min") == "1" and value(a, "--temp") == "0.7"
+    assert (
+        a.index("--spec-draft-n-max")
+        < a.index("--spec-draft-p-min")
+        < a.index("--spec-draft-n-min")
+        < a.index("--temp")
+    )
+    assert "field 'spec_draft_p_min'" in refused([dict(inst[0], spec_draft_p_min=1.5)], model_info)
+    assert "spec_draft_p_min" in refused([dict(inst[0], extra_args=["--spec-draft-p-min", "0.2"])], model_info)
+
+
 def test_split_mode_tensor_with_mtp_refused_unless_forced(model_info):
     inst = {"name": "t", "model_path": AGREE, "port": 8081, "devices": [0, 1], "split_mode": "tensor"}
     msg = refused([inst], model_info, CUDA)
