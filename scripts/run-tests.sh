@@ -3,6 +3,7 @@
 #   scripts/run-tests.sh          full lane: fast lane + harness (images, llama.cpp mirror and one
 #                                 shared CPU build per ref) + integration tests + every molecule scenario
 #   scripts/run-tests.sh --fast   fast lane: ansible-lint (production), yamllint, ruff, vermin, unit tests
+#                                 (with promtool check/test rules for the monitoring role)
 #                                 (and again under Python 3.9, ansible-core 2.21's managed-host floor),
 #                                 ansible-test sanity on the built artifact (scripts/sanity.sh), the
 #                                 galaxy-importer gate and ansible-builder (scripts/import-gate.sh), and
@@ -40,6 +41,10 @@ stage() {   # stage NAME CMD...: run, time, and stop the lane at the first failu
 }
 
 stage bootstrap source scripts/bootstrap.sh
+# promtool from Debian's prometheus package, for the monitoring rules' unit tests (which fail without it here)
+stage promtool bash -c 'bash scripts/promtool.sh > /dev/null'
+LLAMAFLEET_PROMTOOL=$(bash scripts/promtool.sh)
+export LLAMAFLEET_PROMTOOL LLAMAFLEET_REQUIRE_PROMTOOL=1
 stage yamllint yamllint -s .
 stage ansible-lint ansible-lint --offline -q
 stage ruff bash -c 'ruff check . && ruff format --check .'

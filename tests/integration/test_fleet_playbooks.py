@@ -47,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -629,7 +630,7 @@ def test_6b_a_slower_mtp_head_is_stopped_by_the_speed_gate(inv, tmp_path_factory
     assert f"{current}.gguf" in msgs and "llamafleet_accept_slower=true" in msgs, msgs[-2000:]
     verdict = _speed(run, H1)["instances"]["main"]
     print(f"\nspeed gate on the canary: {verdict}")
-    assert verdict["change"] < -0.5  # beyond the sandbox's margin (inventories/sandbox: 50 %)
+    assert verdict["change"] < -0.4  # beyond the sandbox's margin (inventories/sandbox: 40 %)
     assert run.changed(H2) == 0
     for h in HOSTS:
         assert (env_file(h), build_info(h)["name"]) == before[h] and health(h) == 200
@@ -682,10 +683,10 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
     model = _second_model("bench-agree", n_embd=1024, n_layer=6)
     hv = inv / "host_vars" / H1
     hv.mkdir(parents=True, exist_ok=True)
-    # The sandbox's instance (bound for the gateway, with its API key) on the bench model; no draft_n_max:
-    # the instance takes the tuned value.
+    # The sandbox's instance (bound for the gateway, with its API key) on the bench model, with two slots: autotune
+    # measures at that load (2 clients); no draft_n_max or spec_draft_p_min: the instance takes the tuned values.
     inst = {k: v for k, v in group_vars(inv)["llamafleet_instances"][0].items() if k != "draft_n_max"}
-    inst.update(model="bench-agree", context=2048)
+    inst.update(model="bench-agree", context=2048, parallel=2)
     (hv / "bench.yml").write_text(
         "---\n"
         + yaml.safe_dump(
@@ -705,13 +706,23 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
         limit=H1,
         extravars={
             "llamafleet_bench_draft_n_max": [1, 3],
+            "llamafleet_bench_draft_p_min": [0.5],
             "llamafleet_bench_dir": str(tmp_path / "results"),
             "llamafleet_bench_buffer_mib": 128,
         },
     )
     ok(run, "bench --tags autotune")
     result = json.loads((tmp_path / "results" / f"{H1}.json").read_text())["result"]
-    assert [r["label"] for r in result["rows"]] == ["no-mtp", "mtp-n1", "mtp-n3"]
+    labels = [r["label"] for r in result["rows"]]
+    # the p-min value is measured at the faster of the two draft lengths
+    fastest = max(result["rows"][1:3], key=lambda r: r["tok_s"])["draft_n_max"]
+    assert labels == ["no-mtp", "mtp-n1", "mtp-n3", f"mtp-n{fastest}-p0.5"], labels
+    assert result["rows"][3]["spec_draft_p_min"] == 0.5 and result["rows"][1]["spec_draft_p_min"] is None
+    # at the declared load: 2 clients, compared on the served tokens/s of both
+    assert result["concurrency"] == 2 and all(r["concurrency"] == 2 for r in result["rows"])
+    # 3 rounds, each with both clients sending the one prompt
+    assert all(r["tok_s"] == r["served_tok_s"] > 0 and len(r["served_tok_s_samples"]) == 3 and r["runs"] == 6
+               for r in result["rows"])  # fmt: skip
     assert all(r["acceptance"] == 1.0 for r in result["rows"][1:])
     # the roofline: the model's decode bytes, the host's measured CPU bandwidth, an efficiency per row
     assert result["bandwidth_source"].startswith("measured read, CPUs ") and result["bandwidth_bytes_per_s"] > 10**8
@@ -725,10 +736,19 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
         assert not tuned.exists()
         best = 2
     else:
-        assert yaml.safe_load(tuned.read_text())["llamafleet_autotune"] == {"main": best}
+        p_min = result["best_spec_draft_p_min"]
+        want = {"draft_n_max": best} | ({"spec_draft_p_min": p_min} if p_min is not None else {})
+        assert yaml.safe_load(tuned.read_text())["llamafleet_autotune"] == {"main": want}
     site = ok(play("site.yml", inv, tmp_path_factory, limit=H1), "site.yml after autotune")
     assert f"--spec-draft-n-max {best}" in env_file(H1)
-    print(f"\nautotune picked draft-n-max {result['best_draft_n_max']}; site.yml took {site.seconds:.0f} s")
+    if result["best_draft_n_max"] is not None:
+        assert ("--spec-draft-p-min 0.5" in env_file(H1)) == (result["best_spec_draft_p_min"] == 0.5)
+    print(
+        f"\nautotune at 2 clients picked draft-n-max {result['best_draft_n_max']}, p-min "
+        f"{result['best_spec_draft_p_min']} ({result['best_label']}); site.yml took {site.seconds:.0f} s"
+    )
+    print("\n".join(f"  {r['label']}: served {r['served_tok_s']} tok/s, one stream {r['tok_s_median']}"
+                    for r in result["rows"]))  # fmt: skip
 
 
 def test_9_non_root_with_become(tmp_path_factory):
@@ -819,6 +839,85 @@ def test_10_gateway_killed_instance_leaves_the_pool_bad_key_401_metrics():
     bearer = {"Authorization": f"Bearer {api_key()}"}
     req = urllib.request.Request(f"http://{container_ip(H1)}:8080/metrics", headers=bearer)
     assert "llamacpp:" in urllib.request.urlopen(req, timeout=10).read().decode()
+
+
+def _prom(path):
+    """The sandbox's Prometheus (role llama_monitoring on the gateway host) over its HTTP API."""
+    with urllib.request.urlopen(f"http://{container_ip(GATEWAY)}:9090/api/v1{path}", timeout=10) as r:
+        return json.loads(r.read())["data"]
+
+
+def _until(what, fn, timeout=90.0, every=1.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        got = fn()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def _prometheus_cost():
+    """CPU seconds per second and resident memory of the monitor's Prometheus since it started."""
+    pid = on_host(GATEWAY, "systemctl", "show", "-p", "MainPID", "--value", "prometheus").strip()
+    stat = on_host(GATEWAY, "cat", f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+    hz, up = 100, float(on_host(GATEWAY, "cat", "/proc/uptime").split()[0])
+    cpu = (int(stat[11]) + int(stat[12])) / hz
+    age = up - int(stat[19]) / hz
+    rss = next(
+        int(x.split()[1]) for x in on_host(GATEWAY, "cat", f"/proc/{pid}/status").splitlines() if x.startswith("VmRSS")
+    )
+    return cpu / age, rss / 1024, age
+
+
+def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops():
+    """The fleet's Prometheus (role llama_monitoring, Debian's package on the gateway host, from site.yml): every
+    instance is a target that is up (scraped with its API key), each instance's MTP acceptance is a series after a
+    few completions, the speed gate's figures are its baselines, and stopping one instance fires LlamaInstanceDown
+    for it within its window (the sandbox: 15 s, scraped every 5 s). Real parts: Prometheus, llama-server's own
+    /metrics, HAProxy's exporter."""
+
+    def targets():
+        return {(t["labels"].get("host"), t["labels"]["job"]): t["health"] for t in _prom("/targets")["activeTargets"]}
+
+    want = [(H1, "llama"), (H2, "llama"), (None, "llama-gateway"), (None, "prometheus")]
+    _until("every instance, the gateway and Prometheus up", lambda: all(targets().get(k) == "up" for k in want))
+    bearer = {"Authorization": f"Bearer {api_key()}", "Content-Type": "application/json"}
+    for h in HOSTS:
+        for _ in range(3):
+            body = json.dumps({"prompt": "The lighthouse keeper", "n_predict": 16, "temperature": 0}).encode()
+            req = urllib.request.Request(f"http://{container_ip(h)}:8080/completion", data=body, headers=bearer)
+            urllib.request.urlopen(req, timeout=60).read()
+
+    def acceptance():
+        res = _prom("/query?query=llamafleet:instance_mtp_acceptance:ratio_rate5m")["result"]
+        return {r["metric"]["host"]: float(r["value"][1]) for r in res} if len(res) == 2 else None
+
+    acc = _until("both instances' MTP acceptance", acceptance)
+    assert all(0 < v <= 1 for v in acc.values()), acc
+    base = {r["metric"]["host"] for r in _prom("/query?query=llamafleet:baseline_decode_tokens_per_second")["result"]}
+    assert base == set(HOSTS), base  # the speed gate's figures, recorded by the converge
+    t_stop = time.monotonic()
+    on_host(H2, "systemctl", "stop", "llama-server@main.service")
+    try:
+
+        def firing():
+            q = urllib.parse.quote('ALERTS{alertname="LlamaInstanceDown",alertstate="firing"}')
+            return [r["metric"]["host"] for r in _prom(f"/query?query={q}")["result"]]
+
+        assert _until("LlamaInstanceDown firing", firing, timeout=120) == [H2]
+        fired = time.monotonic() - t_stop
+    finally:
+        on_host(H2, "systemctl", "start", "llama-server@main.service")
+        _until(f"{H2} healthy again", lambda: health(H2) == 200, timeout=120)
+        _until(f"{H2} UP in the gateway", lambda: gateway_stat(GATEWAY, f"{H2}_main")[0]["status"] == "UP")
+    cpu, rss, age = _prometheus_cost()
+    n = len(_prom("/targets")["activeTargets"])
+    TIMES["instance stopped -> alert firing"] = fired
+    print(
+        f"\nprometheus: {n} targets every 5 s, {cpu * 100:.1f} % of a core and {rss:.0f} MiB resident over {age:.0f} s;"
+        f" instance stopped -> LlamaInstanceDown firing in {fired:.1f} s (for: 15 s); acceptance {acc}"
+    )
 
 
 def test_11_no_secret_in_any_log(tmp_path_factory):
