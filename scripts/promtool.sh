@@ -5,12 +5,17 @@
 set -euo pipefail
 cache=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/promtool
 mkdir -p "$cache"
-version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+candidate() { apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}'; }
+version=$(candidate)
+if [ -z "$version" ] || [ "$version" = "(none)" ]; then apt-get update -qq >/dev/null 2>&1 || true; version=$(candidate); fi
 [ -n "$version" ] && [ "$version" != "(none)" ] || { echo "promtool.sh: apt knows no prometheus package" >&2; exit 1; }
 dir=$cache/${version//[^A-Za-z0-9.+~-]/_}
 if [ ! -x "$dir/usr/bin/promtool" ]; then
   tmp=$(mktemp -d "$cache/.dl.XXXXXX")
+  # stale package lists: refresh once and take the version they name now
   (cd "$tmp" && apt-get download -q "prometheus=$version" >/dev/null 2>&1) \
+    || { apt-get update -qq >/dev/null 2>&1 || true; version=$(candidate); dir=$cache/${version//[^A-Za-z0-9.+~-]/_}
+         (cd "$tmp" && apt-get download -q "prometheus=$version" >/dev/null 2>&1); } \
     || { rm -rf "$tmp"; echo "promtool.sh: apt-get download prometheus=$version failed" >&2; exit 1; }
   dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
   rm -rf "$dir" && mkdir -p "$dir/usr/bin" && mv "$tmp/x/usr/bin/promtool" "$dir/usr/bin/promtool"
