@@ -94,34 +94,41 @@ def scrape_plan(
             key_file = f"{keys_dir}/{key_file_name(host, name)}" if key else None
             if key:
                 keys[key_file] = key
-            fig = figures.get(name) or {}
-            targets.append(
-                {
-                    "job": f"llama/{host}/{name}",
-                    "host": host,
-                    "instance": name,
-                    "address": address,
-                    "labels": {
-                        "host": host,
-                        "llama_instance": name,
-                        "llama_model": inst.get("model") or (inst.get("model_path") or "").rsplit("/", 1)[-1],
-                        "llama_mtp": (inst.get("spec_type") or "on") if inst.get("mtp") else "off",
-                        "llama_slots": str(inst.get("parallel") or 1),
-                    },
-                    "key_file": key_file,
-                    "baseline_tok_s": _number(fig.get("tok_s")),
-                    "baseline_acceptance": _number(fig.get("acceptance")),
-                    "draft_n_max": inst.get("draft_n_max") if inst.get("mtp") else None,
-                }
-            )
-    old_gateways = {g.get("host"): g for g in previous.get("gateways") or [] if isinstance(g, dict)}
-    out_gateways = []
-    for host in gateway_hosts or []:
-        target = ((gateways or {}).get(host) or {}).get("metrics_target")
-        if target:
-            out_gateways.append({"host": host, "target": target})
-        elif old_gateways.get(host, {}).get("target"):
-            out_gateways.append({"host": host, "target": old_gateways[host]["target"]})
+            targets.append(_target(host, inst, address, key_file, figures.get(name) or {}))
     if problems:
         raise MonitoringError(problems)
+    out_gateways = _gateways(gateway_hosts, gateways, previous.get("gateways"))
     return {"targets": targets, "gateways": out_gateways, "key_files": keys, "kept": kept, "missing": missing}
+
+
+def _target(host, inst, address, key_file, fig):
+    """One instance's scrape target (its labels, its key file, the speed gate's figures as baselines)."""
+    name = inst["name"]
+    return {
+        "job": f"llama/{host}/{name}",
+        "host": host,
+        "instance": name,
+        "address": address,
+        "labels": {
+            "host": host,
+            "llama_instance": name,
+            "llama_model": inst.get("model") or (inst.get("model_path") or "").rsplit("/", 1)[-1],
+            "llama_mtp": (inst.get("spec_type") or "on") if inst.get("mtp") else "off",
+            "llama_slots": str(inst.get("parallel") or 1),
+        },
+        "key_file": key_file,
+        "baseline_tok_s": _number(fig.get("tok_s")),
+        "baseline_acceptance": _number(fig.get("acceptance")),
+        "draft_n_max": inst.get("draft_n_max") if inst.get("mtp") else None,
+    }
+
+
+def _gateways(hosts, facts, previous):
+    """``[{host, target}]``: each gateway's exporter from its ``llama_gateway_facts`` this run, else last run's."""
+    before = {g.get("host"): g.get("target") for g in previous or [] if isinstance(g, dict)}
+    out = []
+    for host in hosts or []:
+        target = ((facts or {}).get(host) or {}).get("metrics_target") or before.get(host)
+        if target:
+            out.append({"host": host, "target": target})
+    return out
