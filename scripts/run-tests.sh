@@ -50,7 +50,7 @@ stage ansible-lint ansible-lint --offline -q
 stage ruff bash -c 'ruff check . && ruff format --check .'
 # Host-side code stays runnable on Python 3.8 (library calls ruff does not know: zip(strict=), removeprefix...)
 stage vermin vermin -q -t=3.8- --violations --no-tips plugins/modules plugins/module_utils tests/stand-ins/nvidia-smi
-stage unit pytest -q -m "not slow" tests/unit
+stage unit pytest -q --durations=10 -m "not slow" tests/unit
 # The host-side code under the managed-host floor of this controller (ansible-core 2.21: Python 3.9)
 stage unit-py39 env HOST_PYTHON_FLOOR=3.9 bash scripts/unit-oldest-python.sh
 stage sanity bash scripts/sanity.sh
@@ -78,5 +78,5 @@ stage molecule bash scripts/molecule-all.sh
 # (idempotence, the PR-merged upgrade, a failing upgrade with rollback, bench --tags autotune).
 stage sandbox-down-before bash scripts/sandbox.sh down
 stage sandbox-site bash scripts/run-sandbox.sh
-stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q -s tests/integration/test_fleet_playbooks.py   # -s: prints failed requests per host and run times
+stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q -s --durations=0 tests/integration/test_fleet_playbooks.py   # -s: prints failed requests per host and run times
 stage sandbox-down bash scripts/sandbox.sh down
