@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import statistics
 
-_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaINFA]+)\s*$")
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics  # noqa: F401  (re-exported)
+
 SPEC_DRAFT = "llamacpp:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
@@ -23,24 +23,6 @@ TOKENS_PREDICTED = "llamacpp:tokens_predicted_total"
 
 class BenchError(ValueError):
     """A benchmark input or server answer that cannot be used."""
-
-
-def parse_metrics(text: str) -> dict:
-    """Prometheus text -> {name: value} (labelled samples keyed 'name{labels}')."""
-    out = {}
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _METRIC_RE.match(line)
-        if not m:
-            continue
-        name = m.group(1) + (m.group(2) or "")
-        try:
-            out[name] = float(m.group(3))
-        except ValueError:
-            continue
-    return out
 
 
 def metrics_delta(before: dict, after: dict) -> dict:

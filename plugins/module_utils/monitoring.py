@@ -123,6 +123,32 @@ def _target(host, inst, address, key_file, fig):
     }
 
 
+def host_states(hosts, read, outcomes, previous=None):
+    """Whether each llama host is as declared at the end of this run: ``{host: {as_declared, reason}}``.
+
+    ``read``: the hosts the facts stage read in this run (the others - unreachable, or outside ``--limit`` - keep
+    what the last run recorded, from ``previous``, or have no entry). ``outcomes``: host -> ``converged`` (the
+    converge recorded its applied state, or there was nothing to do) or ``failed`` (its converge failed; a serving
+    host was rolled back). A host read but without an outcome had something to do and was not converged: the
+    rollout stopped before it.
+    """
+    before = previous if isinstance(previous, dict) else {}
+    read = set(read or [])
+    out = {}
+    for host in hosts or []:
+        outcome = (outcomes or {}).get(host)
+        if host not in read:
+            if isinstance(before.get(host), dict):
+                out[host] = before[host]
+        elif outcome == "converged":
+            out[host] = {"as_declared": 1, "reason": ""}
+        elif outcome == "failed":
+            out[host] = {"as_declared": 0, "reason": "its converge failed (a serving host was rolled back)"}
+        else:
+            out[host] = {"as_declared": 0, "reason": "not converged: the rollout stopped before this host"}
+    return out
+
+
 def _gateways(hosts, facts, previous):
     """``[{host, target}]``: each gateway's exporter from its ``llama_gateway_facts`` this run, else last run's."""
     before = {g.get("host"): g.get("target") for g in previous or [] if isinstance(g, dict)}

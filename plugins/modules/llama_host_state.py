@@ -31,6 +31,14 @@ options:
     description: Seconds to wait for each recorded instance's C(/health).
     type: float
     default: 3
+  live:
+    description:
+      - Also read each instance the last converge recorded as it serves now - its C(/health) status and its
+        C(/metrics) (with the API key of C(<config_dir>/<name>.key), read here on the host, so the key never
+        leaves it) - into C(llama_host_state.instances[<name>].live). For C(playbooks/status.yml); the
+        facts stage does not read it.
+    type: bool
+    default: false
   set_facts:
     description:
       - Set the facts. C(false) - return the state as RV(state) only (a re-read in the middle of a run, such as
@@ -104,7 +112,9 @@ ansible_facts:
           description: >-
             Instance name to C(active_state), C(sub_state), C(main_pid), C(rss_bytes) (what its process holds now),
             C(n_restarts) and C(runs_env_file) (its process runs exactly the arguments of its environment file,
-            with the binary its path names now; null when there is no process or it cannot be read).
+            with the binary its path names now; null when there is no process or it cannot be read); with O(live),
+            C(live) - C({url, health, metrics, error}) - the C(/health) status (a number, or the error), and the
+            C(/metrics) samples (name to value, labelled samples keyed C(name{labels}); null when not readable).
           type: dict
         serving:
           description: At least one instance is active.
@@ -146,6 +156,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import drift, record_paths, scan
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import cores_online, read_cpus
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gpu_read import GPU_OPTIONS, read_gpu_facts
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 
 
 def _meminfo():
@@ -206,10 +217,11 @@ def _python_apt():
         return False
 
 
-def _health(url, timeout):
-    """The HTTP status of GET url straight to the instance (no proxy; https without certificate checks)."""
-    # The standard library, not module_utils.urls: this probe reads one status code from the host's own
-    # llama-server, and the facts stage pays for every import on every host of every run.
+def _get(url, timeout, headers=None):
+    """(status, body) of GET url straight to the instance (no proxy; https without certificate checks); on a
+    connection error (the error's first line, None)."""
+    # The standard library, not module_utils.urls: this probe reads the host's own llama-server, and the
+    # facts stage pays for every import on every host of every run.
     import http.client  # pylint: disable=import-outside-toplevel
     from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel
 
@@ -225,12 +237,44 @@ def _health(url, timeout):
         else:
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
         try:
-            conn.request("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""))
-            return conn.getresponse().status
+            conn.request("GET", (u.path or "/") + (f"?{u.query}" if u.query else ""), headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
         finally:
             conn.close()
     except Exception as e:  # noqa: BLE001  # pylint: disable=broad-except  # any failure means not healthy
-        return (str(e).splitlines() or [type(e).__name__])[0][:120]
+        return (str(e).splitlines() or [type(e).__name__])[0][:120], None
+
+
+def _health(url, timeout):
+    """The HTTP status of GET url (a number), or the connection error's first line."""
+    return _get(url, timeout)[0]
+
+
+def _live(inst, config_dir, timeout):
+    """What one recorded instance answers now: {url, health, metrics, error}; its API key read from its key file."""
+    # The host's own address of the instance (health_url), else the URL it is advertised at.
+    health_url = inst.get("health_url") or ((inst.get("url") or "").rstrip("/") + "/health")
+    url = health_url[: -len("/health")] if health_url.endswith("/health") else ""
+    out = {"url": inst.get("url") or None, "health": None, "metrics": None, "error": None}
+    if not url:
+        out["error"] = "no url recorded"
+        return out
+    out["health"] = _health(health_url, timeout)
+    headers = {}
+    try:
+        with open(os.path.join(config_dir, f"{inst['name']}.key")) as f:
+            key = f.read().strip()
+        if key:
+            headers["Authorization"] = "Bearer " + key
+    except OSError:
+        pass  # no key file: an instance without an API key
+    status, body = _get(url + "/metrics", timeout, headers)
+    if status == 200:
+        out["metrics"] = parse_metrics(body.decode("utf-8", "replace"))
+    else:
+        out["error"] = f"/metrics answered {status}" + (" (started without --metrics?)" if status == 501 else "")
+    return out
 
 
 def _applied(p, instances):
@@ -274,6 +318,7 @@ def main():
             "health_timeout": {"type": "float", "default": 3},
             "gpu_facts": {"type": "dict", "options": GPU_OPTIONS},
             "set_facts": {"type": "bool", "default": True},
+            "live": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -335,6 +380,11 @@ def main():
         "cpu_cores_online": cores_online(),
     }
     facts["applied"] = _applied(module.params, instances)
+    if module.params["live"]:
+        p = module.params
+        for inst in (facts["applied"] or {}).get("instances") or []:
+            if inst.get("name") in instances:
+                instances[inst["name"]]["live"] = _live(inst, p["config_dir"], p["health_timeout"])
     if not module.params["set_facts"]:
         module.exit_json(changed=False, state=facts)
     published = {"llama_host_state": facts}

@@ -20,7 +20,14 @@ def thresholds(overrides=None):
     return dict(data["__llama_monitoring_alert_defaults"], **(overrides or {}))
 
 
-def render(template: str, targets=(), overrides=None, backend="llama", **context) -> str:
+# Example llama hosts as the last run left them (baselines.yml: llamafleet:host_as_declared).
+HOSTS = {
+    "h1": {"as_declared": 1, "reason": ""},
+    "h2": {"as_declared": 0, "reason": "its converge failed (a serving host was rolled back)"},
+}
+
+
+def render(template: str, targets=(), overrides=None, backend="llama", hosts=None, **context) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(ROLE / "templates")), undefined=jinja2.StrictUndefined, trim_blocks=True
     )  # as Ansible
@@ -30,15 +37,16 @@ def render(template: str, targets=(), overrides=None, backend="llama", **context
         llama_monitoring_gateway_backend=backend,
         __llama_monitoring_thresholds=thresholds(overrides),
         __llama_monitoring_targets=list(targets),
+        __llama_monitoring_hosts=dict(HOSTS if hosts is None else hosts),
         **context,
     )
 
 
-def write_rules(directory: Path, targets=(), overrides=None) -> list:
+def write_rules(directory: Path, targets=(), overrides=None, hosts=None) -> list:
     """llamafleet.yml and baselines.yml in ``directory``, as the role writes them into rules/."""
     out = []
     for src, dest in (("rules/llamafleet.rules.yml.j2", "llamafleet.yml"), ("baselines.rules.yml.j2", "baselines.yml")):
         path = Path(directory) / dest
-        path.write_text(render(src, targets, overrides))
+        path.write_text(render(src, targets, overrides, hosts=hosts))
         out.append(path)
     return out

@@ -62,7 +62,7 @@ def test_build_and_install(tmp_path):
         if n.startswith("playbooks/") and n.count("/") == 1 and n.endswith(".yml")
     )
     assert shipped and all(re.fullmatch(r"[a-z_][a-z0-9_]*", pb) for pb in shipped), shipped  # a valid FQCN part
-    assert {"site", "upgrade", "bench", "follow_pr"} <= set(shipped), shipped
+    assert {"site", "upgrade", "bench", "follow_pr", "status"} <= set(shipped), shipped
     for pb in shipped:
         _run(
             [str(BIN / "ansible-playbook"), "--syntax-check", "-i", str(inv), f"llamafleet.mtp.{pb}"],

@@ -22,15 +22,23 @@ pytest.importorskip("ansible")
 
 from ansible_collections.llamafleet.mtp.plugins.modules.llama_host_state import (  # noqa: E402
     _health,
+    _live,
     _python_apt,
     _runs_env_file,
 )
 
+METRICS = (Path(__file__).parents[1] / "fixtures" / "llama-server" / "mainline-0c1e570.metrics.txt").read_bytes()
+KEY = "sk-live-test"
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802  # http.server's name
-        code = {"/health": 200, "/busy": 503}.get(self.path.split("?")[0], 404)
+        path = self.path.split("?")[0]
+        code = {"/health": 200, "/busy": 503}.get(path, 404)
         body = b'{"status":"ok"}' if code == 200 else b'{"error":"loading model"}'
+        if path == "/metrics":  # as llama-server answers with --api-key: 401 without the key
+            ok = self.headers.get("Authorization") == f"Bearer {KEY}"
+            code, body = (200, METRICS) if ok else (401, b'{"error":{"code":401,"message":"Invalid API Key"}}')
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -55,6 +63,21 @@ def _closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_live_reads_health_and_metrics_with_the_key_file_on_the_host(server, tmp_path):
+    inst = {"name": "main", "url": "http://advertised.example:1", "health_url": server + "/health"}
+    (tmp_path / "main.key").write_text(KEY + "\n")
+    live = _live(inst, str(tmp_path), 3)
+    assert live["health"] == 200 and live["error"] is None and live["url"] == "http://advertised.example:1"
+    assert live["metrics"]["llamacpp:tokens_predicted_total"] == 144
+    assert live["metrics"]['llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}'] == 45
+    (tmp_path / "main.key").write_text("wrong\n")
+    live = _live(inst, str(tmp_path), 3)
+    assert live["metrics"] is None and live["error"] == "/metrics answered 401"
+    down = _live({"name": "main", "health_url": f"http://127.0.0.1:{_closed_port()}/health"}, str(tmp_path), 1)
+    assert isinstance(down["health"], str) and down["metrics"] is None and "refused" in down["error"].lower()
+    assert _live({"name": "x"}, str(tmp_path), 1)["error"] == "no url recorded"
 
 
 def test_health_is_the_status_code(server):

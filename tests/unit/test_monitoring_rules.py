@@ -4,15 +4,19 @@ and quiet), its Prometheus configuration, and the scrape plan (module_utils/moni
 Real parts: Debian's promtool (scripts/promtool.sh unpacks it from the prometheus package the role installs); the
 series are written by hand in tests/prometheus/llamafleet.test.yml, in llama-server's and HAProxy's metric names."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 from ansible_collections.llamafleet.mtp.plugins.module_utils.monitoring import (
     MonitoringError,
+    host_states,
     key_file_name,
     scrape_plan,
 )
@@ -53,7 +57,7 @@ def test_rules_pass_promtool_check_and_every_alert_has_unit_series_that_fire_and
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
     alerts = {r["alert"] for g in yaml.safe_load((tmp_path / "llamafleet.yml").read_text())["groups"]
               for r in g["rules"] if "alert" in r}  # fmt: skip
-    assert len(alerts) == 7
+    assert len(alerts) == 8
     fires, quiet = set(), set()
     for case in yaml.safe_load((HERE / "llamafleet.test.yml").read_text())["tests"]:
         for t in case.get("alert_rule_test", []):
@@ -135,3 +139,94 @@ def test_scrape_plan_keeps_a_down_hosts_targets_and_names_what_it_cannot_scrape(
     with pytest.raises(MonitoringError, match="host h1, instance 'main', field 'api_key'"):
         scrape_plan(["h1"], published, {"h1": []})
     assert key_file_name("h 1", "a/b") == "h_1__a_b"
+
+
+def test_host_states_say_what_the_last_run_that_read_a_host_left():
+    previous = {"h4": {"as_declared": 0, "reason": "its converge failed (a serving host was rolled back)"}}
+    states = host_states(
+        ["h1", "h2", "h3", "h4", "h5"],
+        read=["h1", "h2", "h3"],
+        outcomes={"h1": "converged", "h2": "failed"},
+        previous=previous,
+    )
+    assert states == {
+        "h1": {"as_declared": 1, "reason": ""},
+        "h2": {"as_declared": 0, "reason": "its converge failed (a serving host was rolled back)"},
+        "h3": {"as_declared": 0, "reason": "not converged: the rollout stopped before this host"},
+        "h4": previous["h4"],  # not read in this run (unreachable, or outside --limit): last run's word
+    }  # h5: never read, nothing known
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "roles" / "llama_monitoring" / "files" / "llamafleet.grafana.json"
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server" / "mainline-0c1e570.metrics.txt"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}
+
+
+def _dashboard_exprs():
+    """Every PromQL expression of the dashboard: its panels' targets and its query variables."""
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend(t["expr"] for t in p.get("targets", []))
+            walk(p.get("panels", []))
+
+    walk(doc["panels"])
+    for var in doc["templating"]["list"]:
+        if var["type"] == "query":
+            m = re.fullmatch(r"label_values\((.+),\s*\w+\)", var["query"]["query"])
+            assert m, var
+            exprs.append(m.group(1))
+    return exprs
+
+
+def _metric_names(expr):
+    """The metric names a PromQL expression reads (not its functions, keywords, labels, strings or durations)."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", bare)
+    bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", bare)
+    names = set()
+    for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare):
+        if bare[m.end() :].lstrip().startswith("(") or m.group(0) in PROMQL_WORDS:
+            continue
+        if re.fullmatch(r"\d+[smhdwy]|e\d+|Inf|NaN", m.group(0)):
+            continue
+        names.add(m.group(0))
+    return names
+
+
+def test_every_dashboard_expression_reads_a_recording_rule_or_a_metric_the_fleet_exports(promtool, tmp_path):
+    write_rules(tmp_path, TARGETS)
+    groups = [
+        g for f in ("llamafleet.yml", "baselines.yml") for g in yaml.safe_load((tmp_path / f).read_text())["groups"]
+    ]
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    exported = {name.split("{")[0] for name in parse_metrics(CAPTURE.read_text())}  # a real llama-server's /metrics
+    known = recorded | exported | {"up", "ALERTS"}  # Prometheus's own series
+    exprs = _dashboard_exprs()
+    assert len(exprs) >= 15
+    read = set()
+    for expr in exprs:
+        names = _metric_names(expr)
+        assert names, expr
+        assert names <= known, (expr, names - known)
+        read |= names
+    # the per-instance speed, acceptance, slots and queue, and the fleet totals, are all on it
+    for wanted in ("instance_decode_tokens_per_second:rate1m", "instance_mtp_acceptance:ratio_rate5m",
+                   "instance_busy_slots", "gateway_queued_requests",
+                   "fleet_decode_tokens_per_second:rate1m", "fleet_mtp_acceptance:ratio_rate5m"):  # fmt: skip
+        assert "llamafleet:" + wanted in read, wanted
+    # and each expression is valid PromQL (promtool parses it as a rule; Grafana's $host becomes a regex)
+    as_rules = [{"record": f"dashboard:expr_{i}", "expr": e.replace("$host", ".*")} for i, e in enumerate(exprs)]
+    rules = {"groups": [{"name": "dashboard", "rules": as_rules}]}
+    (tmp_path / "dashboard.yml").write_text(yaml.safe_dump(rules))
+    check = subprocess.run([promtool, "check", "rules", "dashboard.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_metric_name_reader_can_fail():
+    assert _metric_names('sum by (host) (rate(llamacpp:tokens_predicted_total{job="llama"}[1m]))') == {
+        "llamacpp:tokens_predicted_total"}  # fmt: skip
+    assert _metric_names('count(ALERTS{alertname=~"Llama.*"}) or vector(0)') == {"ALERTS"}
+    assert _metric_names("llamafleet:no_such_rule > 0.5") == {"llamafleet:no_such_rule"}
