@@ -42,28 +42,75 @@ ROPE_SCALING = ["linear", "yarn"]
 # plan's where "plan" names the planner option). "flag": a value llama-server takes as it is - the flag it renders
 # to, then its other spellings (extra_args may not use any of them); rendered only where the built binary lists
 # the flag (else refused, naming the field), and only with MTP on where "with_mtp". "doc": the one description
-# (the role's argument_specs and the llama_server_args module's DOCUMENTATION carry the same fields; a unit test
-# compares them).
+# (scripts/field_docs.py writes the fields into the role's argument_specs and the llama_server_args module's
+# DOCUMENTATION; a unit test fails when they are stale).
 FIELDS: dict = {
-    "name": {"type": "str", "required": True, "doc": "Instance name; the unit is llama-server@<name>.service."},
-    "model": {"type": "str", "doc": "A model name of llamafleet_models (model_fetch_facts); its path is served."},
-    "model_path": {"type": "path", "doc": "The GGUF file to serve (first part of a split GGUF), instead of model."},
-    "host": {"type": "str", "default": "127.0.0.1", "doc": "Address to bind (one IP address or host name)."},
+    "name": {
+        "type": "str",
+        "required": True,
+        "doc": "Instance name; the unit is C(llama-server@<name>.service). a-z, 0-9, '.', '_', '-'.",
+    },
+    "model": {"type": "str", "doc": "A model name of C(model_fetch_facts); its C(path) is served."},
+    "model_path": {"type": "path", "doc": "The GGUF file to serve (first part of a split GGUF), instead of C(model)."},
+    "host": {
+        "type": "str",
+        "default": "127.0.0.1",
+        "doc": "Address to bind. A non-loopback address needs C(api_key) or C(allow_unauthenticated).",
+    },
     "port": {
         "type": "int",
         "required": True,
         "min": 1024,
         "max": 65535,
         "why": "the service runs without CAP_NET_BIND_SERVICE; put a reverse proxy in front for a low port",
-        "doc": "TCP port, 1024-65535; replica i uses port + i.",
+        "doc": "TCP port, 1024-65535 (the service has no capabilities); replica i uses port + i.",
     },
-    "context": {"type": "int", "min": 1, "plan": "context", "doc": "Total context (--ctx-size) over all slots."},
-    "parallel": {"type": "int", "default": 1, "min": 1, "plan": "parallel", "doc": "Server slots (--parallel)."},
-    "kv_unified": {"type": "bool", "default": False, "plan": "kv_unified", "doc": "Unified KV cache."},
-    "cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_k"},
-    "cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "cache_type_v"},
-    "flash_attn": {"type": "str", "choices": FLASH_ATTN, "doc": "--flash-attn."},
-    "mtp": {"type": "bool", "plan": "mtp", "doc": "MTP speculative decoding; default on when the model has MTP."},
+    "context": {
+        "type": "int",
+        "min": 1,
+        "plan": "context",
+        "doc": "Total context (C(--ctx-size)) over all slots; default the plan's, else the model's.",
+    },
+    "parallel": {
+        "type": "int",
+        "default": 1,
+        "min": 1,
+        "plan": "parallel",
+        "doc": "Server slots (C(--parallel)); default the plan's, else 1 (recommended with MTP).",
+    },
+    "kv_unified": {
+        "type": "bool",
+        "default": False,
+        "plan": "kv_unified",
+        "doc": "Unified KV cache (C(--kv-unified)); default the plan's.",
+    },
+    "cache_type_k": {
+        "type": "str",
+        "default": "f16",
+        "choices": CACHE_TYPES,
+        "plan": "cache_type_k",
+        "doc": "KV cache type for K (C(--cache-type-k)); default the plan's.",
+    },
+    "cache_type_v": {
+        "type": "str",
+        "default": "f16",
+        "choices": CACHE_TYPES,
+        "plan": "cache_type_v",
+        "doc": "KV cache type for V (C(--cache-type-v)); default the plan's.",
+    },
+    "flash_attn": {
+        "type": "str",
+        "choices": FLASH_ATTN,
+        "doc": "Flash attention (C(--flash-attn)); unset = llama-server's auto.",
+    },
+    "mtp": {
+        "type": "bool",
+        "plan": "mtp",
+        "doc": (
+            "MTP speculative decoding with the spelling the binary knows; default the plan's, else true. "
+            "Refused for a model without MTP (nextn) layers or a binary without MTP."
+        ),
+    },
     "draft_n_max": {
         "type": "int",
         "default": DEFAULT_DRAFT_N_MAX,
@@ -71,13 +118,19 @@ FIELDS: dict = {
         "max": DRAFT_N_MAX_LIMIT,
         "why": "tokens drafted per step (--spec-draft-n-max); MTP pays off at 1-4, llama.cpp's own default is 16",
         "plan": "draft_n_max",
+        "doc": "Drafted tokens per step (C(--spec-draft-n-max)), 1-16; default the plan's, else 2.",
     },
     "spec_draft_p_min": {
         "type": "float",
         "min": 0.0,
         "max": 1.0,
         "why": "a probability: MTP stops a draft at a token the model gives less than this (--spec-draft-p-min)",
-        "doc": "--spec-draft-p-min, 0-1: MTP stops a draft below this top-token probability (llama.cpp's default 0).",
+        "doc": (
+            "C(--spec-draft-p-min), 0-1 - MTP stops a draft at a token whose top probability is below it; "
+            "unset - llama.cpp's default (0). Rendered with MTP on; refused for a binary without the flag. "
+            "C(playbooks/bench.yml --tags autotune) measures a few values and keeps the best "
+            "(C(llamafleet_autotune))."
+        ),
         "flag": ["--spec-draft-p-min", "--draft-p-min"],
         "with_mtp": True,
     },
@@ -86,48 +139,131 @@ FIELDS: dict = {
         "min": 0,
         "max": DRAFT_N_MAX_LIMIT,
         "why": "a draft shorter than this is discarded (--spec-draft-n-min); at most draft_n_max",
-        "doc": "--spec-draft-n-min, 0-16: drafts shorter than this are discarded (llama.cpp's default 0).",
+        "doc": (
+            "C(--spec-draft-n-min), 0-16 and at most C(draft_n_max) - drafts shorter than this are "
+            "discarded; unset - llama.cpp's default (0). Rendered with MTP on; refused for a binary without "
+            "the flag."
+        ),
         "flag": ["--spec-draft-n-min"],
         "with_mtp": True,
     },
-    "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_k"},
-    "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES, "plan": "draft_cache_type_v"},
+    "draft_cache_type_k": {
+        "type": "str",
+        "default": "f16",
+        "choices": CACHE_TYPES,
+        "plan": "draft_cache_type_k",
+        "doc": "KV cache type K of the MTP draft context (C(--spec-draft-type-k)); default the plan's.",
+    },
+    "draft_cache_type_v": {
+        "type": "str",
+        "default": "f16",
+        "choices": CACHE_TYPES,
+        "plan": "draft_cache_type_v",
+        "doc": "KV cache type V of the MTP draft context (C(--spec-draft-type-v)); default the plan's.",
+    },
     "rope_scaling": {"type": "str", "choices": ROPE_SCALING, "doc": "Opt into a context above the training one."},
     "rope_scale": {"type": "float", "doc": "--rope-scale (with rope_scaling)."},
-    "temp": {"type": "float", "flag": ["--temp", "--temperature"]},
-    "top_k": {"type": "int", "flag": ["--top-k"]},
-    "top_p": {"type": "float", "flag": ["--top-p"]},
-    "min_p": {"type": "float", "flag": ["--min-p"]},
-    "repeat_penalty": {"type": "float", "flag": ["--repeat-penalty"]},
-    "alias": {"type": "str", "doc": "--alias (the model name clients see)."},
-    "api_key": {"type": "str", "no_log": True, "doc": "API key, delivered as a root-only systemd credential."},
-    "allow_unauthenticated": {"type": "bool", "default": False, "doc": "Allow a non-loopback bind without a key."},
-    "devices": {"type": "list", "elements": "int", "plan": "devices", "doc": "GPU indices to use."},
+    "temp": {
+        "type": "float",
+        "flag": ["--temp", "--temperature"],
+        "doc": "Default sampling temperature (C(--temp)); unset = llama-server's.",
+    },
+    "top_k": {"type": "int", "flag": ["--top-k"], "doc": "Default top-k (C(--top-k))."},
+    "top_p": {"type": "float", "flag": ["--top-p"], "doc": "Default top-p (C(--top-p))."},
+    "min_p": {"type": "float", "flag": ["--min-p"], "doc": "Default min-p (C(--min-p))."},
+    "repeat_penalty": {
+        "type": "float",
+        "flag": ["--repeat-penalty"],
+        "doc": "Default repeat penalty (C(--repeat-penalty)).",
+    },
+    "alias": {"type": "str", "doc": "Model name(s) the API reports, comma-separated (C(--alias))."},
+    "api_key": {
+        "type": "str",
+        "no_log": True,
+        "doc": (
+            "API key (vault it). Written to C(<config_dir>/<name>.key) (root, 0600) and handed to the server"
+            " as a systemd credential, read with C(--api-key-file); it is never in argv or a world-readable "
+            "file."
+        ),
+    },
+    "allow_unauthenticated": {
+        "type": "bool",
+        "default": False,
+        "doc": "Allow a non-loopback C(host) without an API key.",
+    },
+    "devices": {
+        "type": "list",
+        "elements": "int",
+        "plan": "devices",
+        "doc": "nvidia-smi indices of the GPUs, instead of the plan's (an empty list means CPU).",
+    },
     "max_gpus": {"type": "int", "min": 1, "plan": "max_gpus", "doc": "At most this many GPUs per replica."},
-    "tensor_split": {"type": "raw", "doc": "A forced -ts (e.g. '3,1' or [3, 1]), instead of the plan's."},
-    "split_mode": {"type": "str", "default": "auto", "choices": SPLIT_MODES, "plan": "split_mode"},
-    "main_gpu": {"type": "int"},
-    "n_gpu_layers": {"type": "int"},
-    "force_split_mode_tensor": {"type": "bool", "default": False, "plan": "force_tensor_split"},
+    "tensor_split": {
+        "type": "raw",
+        "doc": 'C(--tensor-split) with explicit C(devices) ("3,1" or a list); with a plan the plan\'s.',
+    },
+    "split_mode": {
+        "type": "str",
+        "default": "auto",
+        "choices": SPLIT_MODES,
+        "plan": "split_mode",
+        "doc": "C(--split-mode); default the plan's (none for one GPU, layer across GPUs).",
+    },
+    "main_gpu": {"type": "int", "doc": "C(--main-gpu); default the plan's."},
+    "n_gpu_layers": {"type": "int", "doc": "C(--n-gpu-layers); default the plan's (0 on CPU)."},
+    "force_split_mode_tensor": {
+        "type": "bool",
+        "default": False,
+        "plan": "force_tensor_split",
+        "doc": "Accept C(--split-mode tensor) together with MTP (known llama-server crashes).",
+    },
     "threads": {
         "type": "int",
         "min": 1,
-        "doc": "--threads; it also gets that many cores of its own when it shares the host.",
+        "doc": (
+            "C(--threads). On a host that several instances share it is also how many whole cores of its own"
+            " the instance gets (C(CPUAffinity=)); unset there, the instances share the cores evenly and "
+            "C(--threads) and C(--threads-batch) follow. An instance alone on its host keeps llama.cpp's own"
+            " choice."
+        ),
     },
-    "threads_batch": {"type": "int", "min": 1},
+    "threads_batch": {"type": "int", "min": 1, "doc": "C(--threads-batch)."},
     "allow_oversubscribe": {
         "type": "bool",
         "default": False,
-        "doc": "Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count).",
+        "doc": ("Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count)."),
     },
-    "batch_size": {"type": "int", "min": 1},
-    "ubatch_size": {"type": "int", "min": 1},
-    "webui": {"type": "bool", "default": False},
-    "metrics": {"type": "bool", "default": True},
-    "extra_args": {"type": "list", "elements": "str", "default": []},
-    "environment": {"type": "dict", "default": {}},
-    "replicas": {"type": "raw", "default": 1, "plan": "replicas", "doc": "Replicas on disjoint GPU sets, or auto."},
-    "health_timeout": {"type": "int", "doc": "Seconds to wait for /health 200 (default: sized to the model)."},
+    "batch_size": {"type": "int", "min": 1, "doc": "C(--batch-size)."},
+    "ubatch_size": {"type": "int", "min": 1, "doc": "C(--ubatch-size)."},
+    "webui": {"type": "bool", "default": False, "doc": "Keep llama-server's web UI (otherwise C(--no-webui))."},
+    "metrics": {"type": "bool", "default": True, "doc": "Prometheus C(/metrics) (C(--metrics))."},
+    "extra_args": {
+        "type": "list",
+        "elements": "str",
+        "default": [],
+        "doc": (
+            'More arguments, one token per item (C(["--top-nsigma", "1.0"])); flags the role renders, API '
+            "keys and flags the binary does not know are refused."
+        ),
+    },
+    "environment": {
+        "type": "dict",
+        "default": {},
+        "doc": "More environment variables (not the API key, not the CUDA device variables).",
+    },
+    "replicas": {
+        "type": "raw",
+        "default": 1,
+        "plan": "replicas",
+        "doc": (
+            "Number of instances, or C(auto) for one per instance of the plan; more than one are named "
+            "C(<name>-<i>) on ports port+i."
+        ),
+    },
+    "health_timeout": {
+        "type": "int",
+        "doc": "Seconds the health gate waits; default base + per-GiB time for the model's size.",
+    },
 }
 # Settings the plan decides when the instance leaves them unset (the server then uses the plan's value).
 PLANNED = ("context", "mtp")

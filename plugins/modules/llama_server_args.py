@@ -33,37 +33,38 @@ options:
     elements: dict
     required: true
     suboptions:
+      # BEGIN FIELDS: generated from fleet_instances.FIELDS by scripts/field_docs.py; edit FIELDS, not this
       name:
-        description: Instance name (systemd instance C(llama-server@<name>)); a-z, 0-9, '.', '_', '-'.
+        description: Instance name; the unit is C(llama-server@<name>.service). a-z, 0-9, '.', '_', '-'.
         type: str
         required: true
       model:
-        description: A model name of C(model_fetch_facts) (its C(path) is served).
+        description: A model name of C(model_fetch_facts); its C(path) is served.
         type: str
       model_path:
-        description: The GGUF file to serve (first part of a split GGUF), instead of O(instances[].model).
+        description: The GGUF file to serve (first part of a split GGUF), instead of C(model).
         type: path
       host:
-        description: Address to bind (one IP or host name).
+        description: Address to bind. A non-loopback address needs C(api_key) or C(allow_unauthenticated).
         type: str
         default: 127.0.0.1
       port:
-        description: TCP port (1024-65535); replica I{i} uses port + I{i}.
+        description: TCP port, 1024-65535 (the service has no capabilities); replica i uses port + i.
         type: int
         required: true
       context:
-        description: Total context C(--ctx-size) over all slots.
+        description: Total context (C(--ctx-size)) over all slots; default the plan's, else the model's.
         type: int
       parallel:
-        description: Server slots C(--parallel) (default 1, or the plan's).
+        description: Server slots (C(--parallel)); default the plan's, else 1 (recommended with MTP).
         type: int
         default: 1
       kv_unified:
-        description: C(--kv-unified).
+        description: Unified KV cache (C(--kv-unified)); default the plan's.
         type: bool
         default: false
       cache_type_k:
-        description: C(--cache-type-k).
+        description: KV cache type for K (C(--cache-type-k)); default the plan's.
         type: str
         choices:
           - f32
@@ -77,7 +78,7 @@ options:
           - q5_1
         default: f16
       cache_type_v:
-        description: C(--cache-type-v).
+        description: KV cache type for V (C(--cache-type-v)); default the plan's.
         type: str
         choices:
           - f32
@@ -91,27 +92,34 @@ options:
           - q5_1
         default: f16
       flash_attn:
-        description: C(--flash-attn).
+        description: Flash attention (C(--flash-attn)); unset = llama-server's auto.
         type: str
         choices:
           - 'on'
           - 'off'
           - auto
       mtp:
-        description: MTP speculative decoding (default true, or the plan's).
+        description: >-
+          MTP speculative decoding with the spelling the binary knows; default the plan's, else true. Refused for a
+          model without MTP (nextn) layers or a binary without MTP.
         type: bool
       draft_n_max:
-        description: C(--spec-draft-n-max), 1-16 (default 2, or the plan's).
+        description: Drafted tokens per step (C(--spec-draft-n-max)), 1-16; default the plan's, else 2.
         type: int
         default: 2
       spec_draft_p_min:
-        description: C(--spec-draft-p-min), 0-1, with MTP on (unset - llama.cpp's default 0).
+        description: >-
+          C(--spec-draft-p-min), 0-1 - MTP stops a draft at a token whose top probability is below it; unset -
+          llama.cpp's default (0). Rendered with MTP on; refused for a binary without the flag. C(playbooks/bench.yml
+          --tags autotune) measures a few values and keeps the best (C(llamafleet_autotune)).
         type: float
       spec_draft_n_min:
-        description: C(--spec-draft-n-min), 0-16 and at most O(instances[].draft_n_max), with MTP on (unset - 0).
+        description: >-
+          C(--spec-draft-n-min), 0-16 and at most C(draft_n_max) - drafts shorter than this are discarded; unset -
+          llama.cpp's default (0). Rendered with MTP on; refused for a binary without the flag.
         type: int
       draft_cache_type_k:
-        description: C(--spec-draft-type-k).
+        description: KV cache type K of the MTP draft context (C(--spec-draft-type-k)); default the plan's.
         type: str
         choices:
           - f32
@@ -125,7 +133,7 @@ options:
           - q5_1
         default: f16
       draft_cache_type_v:
-        description: C(--spec-draft-type-v).
+        description: KV cache type V of the MTP draft context (C(--spec-draft-type-v)); default the plan's.
         type: str
         choices:
           - f32
@@ -148,42 +156,44 @@ options:
         description: --rope-scale (with rope_scaling).
         type: float
       temp:
-        description: Default sampling temperature C(--temp).
+        description: Default sampling temperature (C(--temp)); unset = llama-server's.
         type: float
       top_k:
-        description: C(--top-k).
+        description: Default top-k (C(--top-k)).
         type: int
       top_p:
-        description: C(--top-p).
+        description: Default top-p (C(--top-p)).
         type: float
       min_p:
-        description: C(--min-p).
+        description: Default min-p (C(--min-p)).
         type: float
       repeat_penalty:
-        description: C(--repeat-penalty).
+        description: Default repeat penalty (C(--repeat-penalty)).
         type: float
       alias:
         description: Model name(s) the API reports, comma-separated (C(--alias)).
         type: str
       api_key:
-        description: API key; only its presence is returned.
+        description: >-
+          API key (vault it). Written to C(<config_dir>/<name>.key) (root, 0600) and handed to the server as a systemd
+          credential, read with C(--api-key-file); it is never in argv or a world-readable file.
         type: str
       allow_unauthenticated:
-        description: Allow a non-loopback O(instances[].host) without an API key.
+        description: Allow a non-loopback C(host) without an API key.
         type: bool
         default: false
       devices:
-        description: nvidia-smi indices of the GPUs to use, instead of the plan's.
+        description: nvidia-smi indices of the GPUs, instead of the plan's (an empty list means CPU).
         type: list
         elements: int
       max_gpus:
         description: At most this many GPUs per replica.
         type: int
       tensor_split:
-        description: C(--tensor-split) proportions with explicit O(instances[].devices) (C("3,1") or a list).
+        description: C(--tensor-split) with explicit C(devices) ("3,1" or a list); with a plan the plan's.
         type: raw
       split_mode:
-        description: C(--split-mode).
+        description: C(--split-mode); default the plan's (none for one GPU, layer across GPUs).
         type: str
         choices:
           - auto
@@ -193,20 +203,20 @@ options:
           - tensor
         default: auto
       main_gpu:
-        description: C(--main-gpu).
+        description: C(--main-gpu); default the plan's.
         type: int
       n_gpu_layers:
-        description: C(--n-gpu-layers).
+        description: C(--n-gpu-layers); default the plan's (0 on CPU).
         type: int
       force_split_mode_tensor:
-        description: Accept C(--split-mode tensor) with MTP (known crashes).
+        description: Accept C(--split-mode tensor) together with MTP (known llama-server crashes).
         type: bool
         default: false
       threads:
-        description:
-          - C(--threads). On a host that several instances share it is also how many whole cores of its own the
-            instance gets (C(CPUAffinity=)); unset there, the instances share the cores evenly and C(--threads) and
-            C(--threads-batch) follow. An instance alone on its host keeps llama.cpp's own choice.
+        description: >-
+          C(--threads). On a host that several instances share it is also how many whole cores of its own the instance
+          gets (C(CPUAffinity=)); unset there, the instances share the cores evenly and C(--threads) and
+          C(--threads-batch) follow. An instance alone on its host keeps llama.cpp's own choice.
         type: int
       threads_batch:
         description: C(--threads-batch).
@@ -222,29 +232,34 @@ options:
         description: C(--ubatch-size).
         type: int
       webui:
-        description: Keep the web UI (otherwise C(--no-webui)).
+        description: Keep llama-server's web UI (otherwise C(--no-webui)).
         type: bool
         default: false
       metrics:
-        description: C(--metrics) (Prometheus C(/metrics)).
+        description: Prometheus C(/metrics) (C(--metrics)).
         type: bool
         default: true
       extra_args:
-        description: More llama-server arguments, one token per item; flags the role renders are refused.
+        description: >-
+          More arguments, one token per item (C(["--top-nsigma", "1.0"])); flags the role renders, API keys and flags
+          the binary does not know are refused.
         type: list
         elements: str
         default: []
       environment:
-        description: More environment variables (not the API key, not C(CUDA_VISIBLE_DEVICES)).
+        description: More environment variables (not the API key, not the CUDA device variables).
         type: dict
         default: {}
       replicas:
-        description: Number of instances, or C(auto) for one per instance of the plan (names C(<name>-<i>)).
+        description: >-
+          Number of instances, or C(auto) for one per instance of the plan; more than one are named C(<name>-<i>) on
+          ports port+i.
         type: raw
         default: 1
       health_timeout:
-        description: Seconds to wait for C(/health) 200 after a (re)start; default sized to the model.
+        description: Seconds the health gate waits; default base + per-GiB time for the model's size.
         type: int
+      # END FIELDS
   binary:
     description: Path of the llama-server executable the units run.
     type: path

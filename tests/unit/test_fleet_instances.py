@@ -3,6 +3,9 @@ upgrades applied once, every problem naming host, instance and field, the planne
 server's arguments derived from the same resolved instance, and the documentation that must not drift."""
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,28 +236,24 @@ def test_default_ref_matches_the_build_role():
     assert defaults["llamacpp_mtp_build_ref"] == fi.DEFAULT_REF
 
 
-def _doc_fields(options):
-    keep = ("type", "elements", "choices", "default", "required", "no_log")
-    return {k: {kk: v[kk] for kk in keep if kk in v} for k, v in options.items()}
+def _field_docs():
+    spec = importlib.util.spec_from_file_location("field_docs", REPO / "scripts" / "field_docs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _fields_spec():
-    out = {}
-    for k, spec in fi.FIELDS.items():
-        out[k] = {kk: spec[kk] for kk in ("type", "elements", "choices", "default", "required", "no_log") if kk in spec}
-        if out[k].get("default") is None:
-            out[k].pop("default", None)
-    return out
-
-
-def test_role_argument_spec_does_not_drift():
+def test_the_generated_field_docs_are_current():
+    """The role's argument_specs and the module's DOCUMENTATION carry FIELDS as scripts/field_docs.py writes them."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "field_docs.py"), "--check"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
     specs = yaml.safe_load((REPO / "roles/llama_server_systemd/meta/argument_specs.yml").read_text())
     opts = specs["argument_specs"]["main"]["options"]["llama_server_systemd_instances"]["options"]
-    assert _doc_fields(opts) == _fields_spec()
-
-
-def test_module_documentation_does_not_drift():
-    """The same fields (no_log is not a documentation key: the module's argument spec takes it from FIELDS)."""
+    assert list(opts) == list(fi.FIELDS)
+    assert opts["api_key"]["no_log"] is True and opts["draft_n_max"]["default"] == fi.DEFAULT_DRAFT_N_MAX
+    assert opts["draft_n_max"]["description"] == fi.FIELDS["draft_n_max"]["doc"]
     src = (REPO / "plugins/modules/llama_server_args.py").read_text()
     doc = next(
         n.value.value
@@ -262,10 +261,15 @@ def test_module_documentation_does_not_drift():
         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "DOCUMENTATION"
     )
     sub = yaml.safe_load(doc)["options"]["instances"]["suboptions"]
-    want = _fields_spec()
-    for spec in want.values():
-        spec.pop("no_log", None)
-    assert _doc_fields(sub) == want
+    assert {k: {kk: vv for kk, vv in v.items() if kk != "no_log"} for k, v in opts.items()} == sub
+
+
+def test_a_changed_field_makes_the_docs_stale(monkeypatch):
+    mod = _field_docs()
+    path, indent, extra = mod.REPO / mod.TARGETS[0][0], mod.TARGETS[0][1], mod.TARGETS[0][2]
+    assert mod.regenerate(path, indent, extra) == path.read_text()
+    monkeypatch.setitem(mod.FIELDS, "port", dict(mod.FIELDS["port"], doc="another description"))
+    assert "another description" in mod.regenerate(path, indent, extra) != path.read_text()
 
 
 # ------------------------------------------------------------------------------------------------
