@@ -27,7 +27,7 @@ import ipaddress
 import math
 import re
 
-from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances
+from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances, host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import format_cpu_list
 
 UNIT = "llama-server"
@@ -441,7 +441,7 @@ def render(
     plans: dict | None = None,
     binary: str | None = None,
     binary_identity: str | None = None,
-    config_dir: str = "/etc/llama-server",
+    config_dir: str = host_paths.CONFIG_DIR,
     advertise_host: str | None = None,
     health_base_s: int = DEFAULT_HEALTH_BASE_S,
     health_per_gib_s: int = DEFAULT_HEALTH_PER_GIB_S,

@@ -89,6 +89,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils import host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import scan
 
 
@@ -99,10 +100,7 @@ def main():
             "facts": {"type": "dict", "default": {}},
             "instances": {"type": "list", "elements": "dict", "default": []},
             "models": {"type": "list", "elements": "path", "default": []},
-            "path": {"type": "path", "default": "/var/lib/llamafleet/applied.json"},
-            "config_dir": {"type": "path", "default": "/etc/llama-server"},
-            "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
-            "install_root": {"type": "path", "default": "/opt/llama.cpp"},
+            **host_paths.options("config_dir", "unit_dir", "install_root", path="applied_path"),
         },
         supports_check_mode=True,
     )

@@ -153,6 +153,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils import host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.applied_state import drift, record_paths, scan
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import cores_online, read_cpus
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gpu_read import GPU_OPTIONS, read_gpu_facts
@@ -311,10 +312,7 @@ def _applied(p, instances):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "install_root": {"type": "path", "default": "/opt/llama.cpp"},
-            "config_dir": {"type": "path", "default": "/etc/llama-server"},
-            "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
-            "applied_path": {"type": "path", "default": "/var/lib/llamafleet/applied.json"},
+            **host_paths.options("install_root", "config_dir", "unit_dir", "applied_path"),
             "health_timeout": {"type": "float", "default": 3},
             "gpu_facts": {"type": "dict", "options": GPU_OPTIONS},
             "set_facts": {"type": "bool", "default": True},

@@ -409,6 +409,7 @@ binary_identity:
 import os
 import pwd
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils import host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import argument_spec
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import GGUFError, gguf_info
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_server_args import (
@@ -456,7 +457,7 @@ def main() -> None:
             "capabilities": {"type": "dict", "required": True},
             "models": {"type": "dict", "default": {}},
             "plans": {"type": "dict", "default": {}},
-            "config_dir": {"type": "path", "default": "/etc/llama-server"},
+            **host_paths.options("config_dir"),
             "user": {"type": "str", "default": "llama-server"},
             "advertise_host": {"type": "str"},
             "health_timeout_base": {"type": "int", "default": 60},

@@ -76,6 +76,7 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils import host_paths
 
 UNIT = "llama-server@"
 
@@ -189,10 +190,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "state": {"type": "str", "choices": ["saved", "restored"], "default": "saved"},
-            "dest": {"type": "path", "default": "/var/lib/llamafleet/rollback"},
-            "config_dir": {"type": "path", "default": "/etc/llama-server"},
-            "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
-            "install_root": {"type": "path", "default": "/opt/llama.cpp"},
+            **host_paths.options("config_dir", "unit_dir", "install_root", dest="snapshot_dir"),
         },
         supports_check_mode=True,
     )

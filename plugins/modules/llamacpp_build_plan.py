@@ -172,6 +172,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils import host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llamacpp_build import (
     BuildInputError,
     build_key,
@@ -246,7 +247,7 @@ def main():
             cmake_flags=dict(type="list", elements="str", default=[]),
             targets=dict(type="list", elements="str", default=["llama-server"]),
             ccache=dict(type="bool", default=True),
-            install_root=dict(type="path", default="/opt/llama.cpp"),
+            **host_paths.options("install_root"),
         ),
         supports_check_mode=True,
     )
