@@ -233,8 +233,18 @@ FIELDS: dict = {
         "default": False,
         "doc": ("Share the host's cores with the other instances (no cores of its own, llama.cpp's thread count)."),
     },
-    "batch_size": {"type": "int", "min": 1, "doc": "C(--batch-size)."},
-    "ubatch_size": {"type": "int", "min": 1, "doc": "C(--ubatch-size)."},
+    "batch_size": {
+        "type": "int",
+        "min": 1,
+        "plan": "n_batch",
+        "doc": "C(--batch-size); the plan counts it (the compute buffers and outputs it sizes); unset - 2048.",
+    },
+    "ubatch_size": {
+        "type": "int",
+        "min": 1,
+        "plan": "n_ubatch",
+        "doc": "C(--ubatch-size); the plan sizes the compute buffers for it; unset - 512.",
+    },
     "webui": {"type": "bool", "default": False, "doc": "Keep llama-server's web UI (otherwise C(--no-webui))."},
     "metrics": {"type": "bool", "default": True, "doc": "Prometheus C(/metrics) (C(--metrics))."},
     "extra_args": {

@@ -398,29 +398,41 @@ class ModelSpec:
 # settings
 
 
+# Every planner setting and its default: the one signature of Settings, plan() and with_changes (a None given for
+# any but mtp means the default; mtp None means on when the model has MTP).
+SETTINGS_DEFAULTS = {
+    "cache_type_k": "f16",
+    "cache_type_v": "f16",
+    "parallel": 1,
+    "mtp": None,
+    "draft_n_max": DEFAULT_DRAFT_N_MAX,
+    "draft_cache_type_k": "f16",
+    "draft_cache_type_v": "f16",
+    "reserve_mib": DEFAULT_RESERVE_MIB,
+    "compute_buffer_mib": None,
+    "split_mode": "auto",
+    "force_tensor_split": False,
+    "kv_unified": False,
+    "n_ubatch": DEFAULT_N_UBATCH,
+    "n_batch": DEFAULT_N_BATCH,
+    "cuda_context_mib": DEFAULT_CUDA_CONTEXT_MIB,
+}
+
+
 class Settings:
     """Validated planning inputs (the module's options, minus the facts)."""
 
-    def __init__(
-        self,
-        model,
-        context,
-        cache_type_k="f16",
-        cache_type_v="f16",
-        parallel=1,
-        mtp=None,
-        draft_n_max=DEFAULT_DRAFT_N_MAX,
-        draft_cache_type_k="f16",
-        draft_cache_type_v="f16",
-        reserve_mib=DEFAULT_RESERVE_MIB,
-        compute_buffer_mib=None,
-        split_mode="auto",
-        force_tensor_split=False,
-        kv_unified=False,
-        n_ubatch=DEFAULT_N_UBATCH,
-        n_batch=DEFAULT_N_BATCH,
-        cuda_context_mib=DEFAULT_CUDA_CONTEXT_MIB,
-    ):
+    def __init__(self, model, context, **options):
+        unknown = sorted(set(options) - set(SETTINGS_DEFAULTS))
+        if unknown:
+            raise TypeError(f"unknown planner settings: {', '.join(unknown)}")
+        o = dict(SETTINGS_DEFAULTS, **{k: v for k, v in options.items() if v is not None or k == "mtp"})
+        cache_type_k, cache_type_v, parallel = o["cache_type_k"], o["cache_type_v"], o["parallel"]
+        mtp, draft_n_max = o["mtp"], o["draft_n_max"]
+        draft_cache_type_k, draft_cache_type_v = o["draft_cache_type_k"], o["draft_cache_type_v"]
+        reserve_mib, compute_buffer_mib, split_mode = o["reserve_mib"], o["compute_buffer_mib"], o["split_mode"]
+        force_tensor_split, kv_unified = o["force_tensor_split"], o["kv_unified"]
+        n_ubatch, n_batch, cuda_context_mib = o["n_ubatch"], o["n_batch"], o["cuda_context_mib"]
         self.context = _int("context", context, 1)
         self.cache_type_k = _check_cache_type("cache_type_k", cache_type_k)
         self.cache_type_v = _check_cache_type("cache_type_v", cache_type_v)
@@ -482,27 +494,12 @@ class Settings:
         # server_output_limits (tools/server/server-context.cpp:41-53, common/speculative.cpp:2586-2595)
         self.n_outputs = min(self.n_batch, self.parallel * (1 + (self.draft_n_max if self.mtp else 0)))
 
+    def options(self):
+        """The settings as Settings takes them (context and every SETTINGS_DEFAULTS key)."""
+        return dict({k: getattr(self, k) for k in SETTINGS_DEFAULTS}, context=self.context)
+
     def with_changes(self, model, **changes):
-        kwargs = {
-            "context": self.context,
-            "cache_type_k": self.cache_type_k,
-            "cache_type_v": self.cache_type_v,
-            "parallel": self.parallel,
-            "mtp": self.mtp,
-            "draft_n_max": self.draft_n_max,
-            "draft_cache_type_k": self.draft_cache_type_k,
-            "draft_cache_type_v": self.draft_cache_type_v,
-            "reserve_mib": self.reserve_mib,
-            "compute_buffer_mib": self.compute_buffer_mib,
-            "split_mode": self.split_mode,
-            "force_tensor_split": self.force_tensor_split,
-            "kv_unified": self.kv_unified,
-            "n_ubatch": self.n_ubatch,
-            "n_batch": self.n_batch,
-            "cuda_context_mib": self.cuda_context_mib,
-        }
-        kwargs.update(changes)
-        return Settings(model, **kwargs)
+        return Settings(model, **dict(self.options(), **changes))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1157,29 +1154,7 @@ def _suggest(model, s, pool, matrix, max_gpus):
     return out
 
 
-def plan(
-    gpu_facts,
-    gguf,
-    context=None,
-    cache_type_k="f16",
-    cache_type_v="f16",
-    parallel=1,
-    mtp=None,
-    draft_n_max=DEFAULT_DRAFT_N_MAX,
-    draft_cache_type_k="f16",
-    draft_cache_type_v="f16",
-    reserve_mib=DEFAULT_RESERVE_MIB,
-    compute_buffer_mib=None,
-    devices=None,
-    max_gpus=None,
-    replicas=1,
-    split_mode="auto",
-    force_tensor_split=False,
-    cpu_ok=None,
-    kv_unified=False,
-    n_ubatch=DEFAULT_N_UBATCH,
-    cuda_context_mib=DEFAULT_CUDA_CONTEXT_MIB,
-):
+def plan(gpu_facts, gguf, context=None, devices=None, max_gpus=None, replicas=1, cpu_ok=None, **settings):
     """Plan llama-server instance(s) for ``gguf`` on the host described by ``gpu_facts``.
 
     Raises PlanError (with ``details``: needed vs available per GPU, and what would fit) when the
@@ -1191,24 +1166,7 @@ def plan(
         if not model.context_length:
             raise PlanError("context is not set and the GGUF has no context_length; set context")
         context = model.context_length
-    s = Settings(
-        model,
-        context,
-        cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
-        parallel=parallel,
-        mtp=mtp,
-        draft_n_max=draft_n_max,
-        draft_cache_type_k=draft_cache_type_k,
-        draft_cache_type_v=draft_cache_type_v,
-        reserve_mib=reserve_mib,
-        compute_buffer_mib=compute_buffer_mib,
-        split_mode=split_mode,
-        force_tensor_split=force_tensor_split,
-        kv_unified=kv_unified,
-        n_ubatch=n_ubatch,
-        cuda_context_mib=cuda_context_mib,
-    )
+    s = Settings(model, context, **settings)
     if replicas != "auto":
         replicas = _int("replicas", replicas, 1)
     if max_gpus is not None:
@@ -1242,6 +1200,8 @@ def plan(
         "cuda_context_mib": s.cuda_context_mib,
         "compute_buffer_mib": s.compute_buffer_mib,
         "compute_estimated": s.compute_buffer_mib is None,
+        "n_batch": s.n_batch,
+        "n_ubatch": s.n_ubatch,
         "split_mode": s.split_mode,
         "replicas": replicas,
     }

@@ -226,10 +226,10 @@ options:
         type: bool
         default: false
       batch_size:
-        description: C(--batch-size).
+        description: C(--batch-size); the plan counts it (the compute buffers and outputs it sizes); unset - 2048.
         type: int
       ubatch_size:
-        description: C(--ubatch-size).
+        description: C(--ubatch-size); the plan sizes the compute buffers for it; unset - 512.
         type: int
       webui:
         description: Keep llama-server's web UI (otherwise C(--no-webui)).

@@ -159,6 +159,26 @@ options:
         instead of failing. Defaults to true when C(gpu_facts.count) is 0 and false otherwise (GPUs that are all
         skipped are more likely a fault than a plan).
     type: bool
+  batch_size:
+    description: C(--batch-size) the instance runs with (the outputs and compute buffers it sizes); unset - 2048.
+    type: int
+  ubatch_size:
+    description: C(--ubatch-size) the instance runs with (the compute buffers are sized for it); unset - 512.
+    type: int
+  rope_scaling:
+    description:
+      - The instance opts into a context above the model's training context (C(yarn), C(linear)). Without it a
+        context whose per-slot share exceeds the training context is refused, as site.yml's plan refuses it.
+    type: str
+    choices: [linear, yarn]
+  check_host_memory:
+    description:
+      - For a CPU plan, refuse it when this host's C(MemAvailable) cannot hold what the plan needs, as site.yml's
+        plan does. Memory held now by a llama-server that the new instance would replace is not counted here
+        (site.yml's plan counts it as freed by the restart), so this check can refuse what site.yml accepts;
+        C(false) skips it and says so in RV(unchecked).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.read_only
 notes:
@@ -166,7 +186,9 @@ notes:
     each layer, an approximation.
   - KV cache of sliding-window layers is counted at full context (the GGUF summary carries no SWA facts), which
     over-estimates SWA models.
-  - Host RAM is not checked (C(gpu_facts) has none); C(host_mib) tells what the CPU side needs at least.
+  - The verdict is site.yml's (C(llamafleet.mtp.instance_plan)) - the same planner, the same training-context
+    rule and, for CPU plans, the same host RAM check (read here, on the host); what could not be checked is
+    listed in RV(unchecked) rather than answered with C(fits=true).
 """
 
 EXAMPLES = r"""
@@ -202,6 +224,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+checked:
+  description: What the verdict checked beyond the GPU memory (the training context, this host's RAM).
+  returned: success
+  type: list
+  elements: str
+unchecked:
+  description: What it could not check, and why (no C(/proc/meminfo), C(check_host_memory=false), ...).
+  returned: success
+  type: list
+  elements: str
+problems:
+  description: Why the plan was refused (the messages site.yml's plan stage gives).
+  returned: failure
+  type: list
+  elements: str
 plan:
   description: The plan. MiB values are rounded up per category.
   returned: success
@@ -217,7 +254,7 @@ plan:
       description:
         - The effective settings - C(context) asked, C(n_ctx) llama.cpp will use (padded), C(n_ctx_seq) per slot,
           C(kv_cells) per KV layer, C(parallel), cache types, C(mtp), C(draft_n_max), draft cache types,
-          C(recurrent_rows), C(reserve_mib), C(compute_buffer_mib), C(compute_estimated), C(split_mode),
+          C(recurrent_rows), C(reserve_mib), C(compute_buffer_mib), C(compute_estimated), C(n_batch), C(n_ubatch), C(split_mode),
           C(replicas).
       type: dict
     skipped:
@@ -325,9 +362,13 @@ plan_error:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import (
+    CACHE_TYPES,
+    ROPE_SCALING,
+    context_problems,
+    memory_problems,
+)
 from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
-
-CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 def main() -> None:
@@ -353,6 +394,10 @@ def main() -> None:
             "split_mode": {"type": "str", "default": "auto", "choices": ["auto", "none", "layer", "tensor"]},
             "force_tensor_split": {"type": "bool", "default": False},
             "cpu_ok": {"type": "bool"},
+            "batch_size": {"type": "int"},
+            "ubatch_size": {"type": "int"},
+            "rope_scaling": {"type": "str", "choices": ROPE_SCALING},
+            "check_host_memory": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -364,11 +409,50 @@ def main() -> None:
         replicas = int(replicas)
     elif isinstance(replicas, bool) or not isinstance(replicas, int):
         module.fail_json(msg=f"replicas must be a positive integer or 'auto', got {replicas!r}")
+    rope_scaling, check_memory = p.pop("rope_scaling"), p.pop("check_host_memory")
+    p["n_batch"], p["n_ubatch"] = p.pop("batch_size"), p.pop("ubatch_size")
+    gguf = p.pop("gguf")
     try:
-        result = plan(p.pop("gpu_facts"), p.pop("gguf"), p.pop("context"), replicas=replicas, **p)
+        result = plan(p.pop("gpu_facts"), gguf, p.pop("context"), replicas=replicas, **p)
     except PlanError as e:
         module.fail_json(msg=e.message, plan_error=e.details)
-    module.exit_json(changed=False, plan=result)
+    problems, checked, unchecked = verdict(result, gguf, rope_scaling, check_memory)
+    if problems:
+        module.fail_json(msg="; ".join(problems), problems=problems, plan=result, checked=checked, unchecked=unchecked)
+    module.exit_json(changed=False, plan=result, checked=checked, unchecked=unchecked)
+
+
+def _mem_available():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def verdict(result, gguf, rope_scaling, check_memory):
+    """site.yml's rules after the planner (fleet_instances.plan_host): the training context, and host RAM for a CPU
+    plan; returns (problems, checked, unchecked)."""
+    settings = result.get("settings") or {}
+    inst = {"name": None, "context": settings.get("context"), "rope_scaling": rope_scaling}
+    problems = context_problems(inst, gguf, None, settings.get("n_ctx_seq"))
+    checked, unchecked = ["the model's training context"], []
+    if result.get("mode") != "cpu":
+        return problems, checked, unchecked
+    need = sum(int(i.get("host_mib") or i.get("required_mib") or 0) for i in result.get("instances") or [])
+    if not check_memory:
+        unchecked.append(f"host RAM for the CPU plan ({need} MiB): check_host_memory is false")
+        return problems, checked, unchecked
+    available = _mem_available()
+    if available is None:
+        unchecked.append(f"host RAM for the CPU plan ({need} MiB): /proc/meminfo has no MemAvailable here")
+        return problems, checked, unchecked
+    checked.append(f"host RAM: {need} MiB planned, {available // 1048576} MiB available (MemAvailable)")
+    problems += memory_problems(None, {"the planned instance": need}, available, {})
+    return problems, checked, unchecked
 
 
 if __name__ == "__main__":

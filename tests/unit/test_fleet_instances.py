@@ -170,7 +170,28 @@ def test_planner_kwargs_are_what_the_planner_takes():
     assert kwargs["draft_cache_type_k"] == "q8_0" and kwargs["kv_unified"] is True and kwargs["max_gpus"] == 2
     import inspect
 
-    assert set(kwargs) <= set(inspect.signature(tensor_plan.plan).parameters)
+    takes = set(inspect.signature(tensor_plan.plan).parameters) | set(tensor_plan.SETTINGS_DEFAULTS)
+    assert set(kwargs) <= takes, set(kwargs) - takes
+
+
+def test_batch_and_ubatch_reach_the_planner(tmp_path):
+    """A tuned ubatch changes the compute buffers the plan counts (bench.yml's sweep runs ub256 and ub1024)."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    gguf = gguf_info(make_models.build_model("agree", tmp_path, name="t").paths[0])
+    gpu = {"count": 1, "gpus": [{"index": 0, "name": "x", "memory_total_mib": 16384, "memory_free_mib": 16000}]}
+    computes = {}
+    for ub in (256, 512, 2048):
+        (inst,), problems = resolve(
+            [{"name": "a", "model": "m", "port": 8080, "context": 4096, "ubatch_size": ub, "batch_size": 2048}]
+        )
+        assert not problems
+        kwargs = fi.planner_kwargs(inst)
+        assert kwargs["n_ubatch"] == ub and kwargs["n_batch"] == 2048
+        p = tensor_plan.plan(gpu, gguf, **kwargs)
+        assert p["settings"]["n_ubatch"] == ub
+        computes[ub] = sum(p["instances"][0]["per_device"][0]["compute_terms_mib"].values())
+    assert computes[256] < computes[512] < computes[2048], computes
 
 
 def test_plan_and_server_agree(tmp_path):

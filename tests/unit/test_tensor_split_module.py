@@ -7,6 +7,8 @@ a real ad-hoc run (AnsiballZ packaging, module_utils import by collection path, 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ansible_collections.llamafleet.mtp.plugins.module_utils import gguf_header
 from ansible_run import needs_ansible, run_module
@@ -89,3 +91,67 @@ def test_module_rejects_bad_replicas(inputs):
     result = run_module("tensor_split", {**inputs, "context": 32768, "replicas": "lots"})
     assert result["failed"] is True
     assert "replicas" in result["msg"]
+
+
+def _site_verdict(inputs, inst, mem_available_bytes):
+    """What site.yml's plan stage (fleet_instances.plan_host, as instance_plan runs it) says for one instance."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances as fi
+
+    (resolved,), problems = fi.resolve([dict({"name": "a", "model": "m", "port": 8080}, **inst)])
+    assert not problems
+    out = fi.plan_host(
+        host="h1",
+        instances=[resolved],
+        models={"m": {"gguf": inputs["gguf"]}},
+        gpu_facts=inputs["cpu_facts"],
+        host_state={"mem_available_bytes": mem_available_bytes, "instances": {}},
+    )
+    return out["problems"]
+
+
+def _mem_available():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+@pytest.mark.parametrize(
+    ("inst", "refused_for"),
+    [
+        # the issue's case, about 268 GB on a CPU host (with rope scaling: above Qwen3.6-27B's training context)
+        ({"context": 99_999_744, "rope_scaling": "yarn"}, "host RAM"),
+        ({"context": 2 * 262144}, "training context"),  # above its 262144 tokens without rope scaling
+        ({"context": 4096}, None),
+    ],
+)
+def test_module_and_site_give_one_verdict_on_a_cpu_host(inputs, inst, refused_for):
+    inputs = dict(inputs, cpu_facts={"count": 0, "gpus": []})
+    args = {k: v for k, v in inst.items()}
+    result = run_module("tensor_split", {"gpu_facts": inputs["cpu_facts"], "gguf": inputs["gguf"], **args})
+    site = _site_verdict(inputs, inst, _mem_available())
+    if refused_for is None:
+        assert result.get("failed") is not True and not site, (result.get("msg"), site)
+        assert result["plan"]["mode"] == "cpu" and result["unchecked"] == []
+        assert any(c.startswith("host RAM:") for c in result["checked"])
+        return
+    assert result.get("failed") is True and site, (result, site)
+    wanted = "MiB of host RAM" if refused_for == "host RAM" else "above the model's training context"
+    assert wanted in result["msg"] and any(wanted in p for p in site)
+
+    # the same message (site.yml's names the host and instance; MemAvailable moves between the two reads)
+    def same(text):
+        return re.sub(r"\(a |\(the planned instance |\d+ MiB are available.*", "", text.split(": ", 1)[1])
+
+    assert [same(p) for p in result["problems"]] == [same(p) for p in site]
+
+
+def test_module_says_what_it_did_not_check(inputs):
+    args = {
+        "gpu_facts": {"count": 0, "gpus": []},
+        "gguf": inputs["gguf"],
+        "context": 99_999_744,
+        "rope_scaling": "yarn",
+    }
+    result = run_module("tensor_split", dict(args, check_host_memory=False))
+    assert result.get("failed") is not True and result["plan"]["fits"] is True
+    assert result["unchecked"] == [f"host RAM for the CPU plan ({result['plan']['instances'][0]['host_mib']} MiB): "
+                                   "check_host_memory is false"]  # fmt: skip
