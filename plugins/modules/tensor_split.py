@@ -254,7 +254,8 @@ plan:
       description:
         - The effective settings - C(context) asked, C(n_ctx) llama.cpp will use (padded), C(n_ctx_seq) per slot,
           C(kv_cells) per KV layer, C(parallel), cache types, C(mtp), C(draft_n_max), draft cache types,
-          C(recurrent_rows), C(reserve_mib), C(compute_buffer_mib), C(compute_estimated), C(n_batch), C(n_ubatch), C(split_mode),
+          C(recurrent_rows), C(reserve_mib), C(compute_buffer_mib), C(compute_estimated), C(n_batch), C(n_ubatch),
+          C(split_mode),
           C(replicas).
       type: dict
     skipped:
