@@ -26,12 +26,16 @@ import re
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import divide as cores_divide
 from ansible_collections.llamafleet.mtp.plugins.module_utils.llamacpp_build import BuildInputError, parse_ref
-from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
+from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import (
+    DEFAULT_DRAFT_N_MAX,
+    PlanError,
+    plan,
+    tensor_split_mtp_problem,
+)
 
 # The llama.cpp ref when the inventory declares none (PR ggml-org/llama.cpp#22673 merged as b9180).
 # The llamacpp_mtp_build role's default is the same (checked by a unit test).
 DEFAULT_REF = "b9180"
-DEFAULT_DRAFT_N_MAX = 2
 DRAFT_N_MAX_LIMIT = 16  # llama.cpp's default --spec-draft-n-max; above it a draft is mostly rejected work
 CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 SPLIT_MODES = ["auto", "none", "layer", "row", "tensor"]
@@ -556,11 +560,11 @@ def resolve(
             )
         if inst.get("rope_scale") is not None and not inst.get("rope_scaling"):
             problems.append(f"{where(host, label, 'rope_scale')}: set rope_scaling (linear or yarn) with it")
-        if inst.get("split_mode") == "tensor" and inst.get("mtp") and not inst.get("force_split_mode_tensor"):
-            problems.append(
-                f"{where(host, label, 'split_mode')}: tensor with MTP is known to crash llama-server (llama.cpp "
-                "#23294, #24309); use layer or auto, or set force_split_mode_tensor: true to accept the risk"
-            )
+        refused = tensor_split_mtp_problem(
+            inst.get("split_mode"), inst.get("mtp"), inst.get("force_split_mode_tensor"), "force_split_mode_tensor"
+        )
+        if refused:
+            problems.append(f"{where(host, label, 'split_mode')}: {refused}")
         if inst:
             out.append(inst)
 

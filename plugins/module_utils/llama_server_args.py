@@ -29,6 +29,7 @@ import re
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils import fleet_instances, host_paths
 from ansible_collections.llamafleet.mtp.plugins.module_utils.cpu_cores import format_cpu_list
+from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import tensor_split_mtp_problem
 
 UNIT = "llama-server"
 CREDENTIAL = "api-key"
@@ -593,11 +594,12 @@ def render(
             mode, devices, split_mode, env, place_args = _placement(
                 inst, plan_inst, (plan or {}).get("mode"), caps, problems
             )
-            if split_mode == "tensor" and mtp and not inst.get("force_split_mode_tensor"):
-                problems.append(
-                    f"instance {name!r}: --split-mode tensor with MTP is known to crash llama-server; use layer "
-                    "(re-plan with split_mode layer) or set force_split_mode_tensor: true to accept the risk"
-                )
+            # the plan's split mode (the resolver refused the declared one already)
+            refused = tensor_split_mtp_problem(
+                split_mode, mtp, inst.get("force_split_mode_tensor"), "force_split_mode_tensor"
+            )
+            if refused:
+                problems.append(f"instance {name!r}: {refused}")
             if split_mode and caps.get("split_modes") and split_mode not in caps["split_modes"]:
                 problems.append(
                     f"instance {name!r}: split mode {split_mode} is not one this binary knows "

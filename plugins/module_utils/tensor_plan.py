@@ -398,6 +398,17 @@ class ModelSpec:
 # settings
 
 
+def tensor_split_mtp_problem(split_mode, mtp, forced, force_name="force_tensor_split"):
+    """The one rule for -sm tensor with MTP: the refusal's text, or None (another split mode, no MTP, or forced)."""
+    if split_mode != "tensor" or not mtp or forced:
+        return None
+    return (
+        "split mode tensor with MTP is refused: llama.cpp issues #23294, #23657, #24309, #24366, #24440 and #25829 "
+        f"report crashes of draft-mtp with -sm tensor; use split_mode layer (or auto), or set {force_name}: true to "
+        "accept the risk"
+    )
+
+
 # Every planner setting and its default: the one signature of Settings, plan() and with_changes (a None given for
 # any but mtp means the default; mtp None means on when the model has MTP).
 SETTINGS_DEFAULTS = {
@@ -468,12 +479,9 @@ class Settings:
                 f"(supported: {', '.join(sorted(MTP_ARCHS))}); set mtp=false"
             )
         if split_mode == "tensor":
-            if self.mtp and not self.force_tensor_split:
-                raise PlanError(
-                    "split_mode=tensor with MTP is refused: llama.cpp issues #23294, #23657, #24366, #24440 and "
-                    "#25829 report crashes of draft-mtp with -sm tensor. Use split_mode=layer (or auto), or set "
-                    "force_tensor_split=true to accept the risk"
-                )
+            refused = tensor_split_mtp_problem(split_mode, self.mtp, self.force_tensor_split)
+            if refused:
+                raise PlanError(refused)
             if model.arch in SM_TENSOR_UNSUPPORTED_ARCHS:
                 raise PlanError(
                     f"split_mode=tensor is not implemented in llama.cpp for architecture '{model.arch}' "

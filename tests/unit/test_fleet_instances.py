@@ -443,3 +443,21 @@ def test_table_flag_fields_are_controlled_and_n_min_stays_within_n_max():
                         "would be discarded"]  # fmt: skip
     (inst,), problems = resolve([{"name": "a", "model": "m", "port": 8080, "spec_draft_n_min": 2}])
     assert problems == [] and inst["spec_draft_n_min"] == 2
+
+
+def test_one_tensor_split_and_mtp_rule(tmp_path):
+    """The resolver (facts stage), the planner and the server's arguments refuse -sm tensor with MTP in one text."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+
+    rule = tensor_plan.tensor_split_mtp_problem("tensor", True, False, "force_split_mode_tensor")
+    assert "#23294" in rule and "force_split_mode_tensor: true" in rule
+    assert tensor_plan.tensor_split_mtp_problem("layer", True, False) is None
+    assert tensor_plan.tensor_split_mtp_problem("tensor", True, True) is None
+    _, problems = resolve([{"name": "a", "model": "m", "port": 8080, "split_mode": "tensor", "mtp": True}])
+    assert problems == [f"host h1, instance 'a', field 'split_mode': {rule}"]
+    gguf = gguf_info(make_models.build_model("agree", tmp_path, name="t").paths[0])
+    gpus = {"count": 2, "gpus": [{"index": i, "name": "x", "memory_total_mib": 16384, "memory_free_mib": 16000}
+                                 for i in range(2)]}  # fmt: skip
+    with pytest.raises(tensor_plan.PlanError) as e:
+        tensor_plan.plan(gpus, gguf, context=4096, split_mode="tensor", mtp=True)
+    assert e.value.message == tensor_plan.tensor_split_mtp_problem("tensor", True, False)

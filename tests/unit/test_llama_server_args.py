@@ -172,7 +172,7 @@ def test_spec_draft_p_min_rendered_with_mtp_and_refused_where_the_binary_lacks_i
 def test_split_mode_tensor_with_mtp_refused_unless_forced(model_info):
     inst = {"name": "t", "model_path": AGREE, "port": 8081, "devices": [0, 1], "split_mode": "tensor"}
     msg = refused([inst], model_info, CUDA)
-    assert "--split-mode tensor with MTP is known to crash" in msg and "force_split_mode_tensor" in msg
+    assert "split mode tensor with MTP is refused" in msg and "force_split_mode_tensor: true" in msg
     (r,) = render([dict(inst, force_split_mode_tensor=True)], model_info, CUDA)
     assert value(r["args"], "--split-mode") == "tensor"
     (r,) = render([dict(inst, mtp=False)], model_info, CUDA)
