@@ -453,11 +453,40 @@ def render(
     devices, split_mode, mtp, spec_type, model, model_path, model_size_bytes, api_key (bool),
     key_file, args, env, health_timeout, env_file (text), dropin (text), notes.
     """
-    problems: list[str] = []
     caps = capabilities or {}
     flags = _Flags(caps)
     plans = plans or {}
     binary = binary or caps.get("binary") or "llama-server"
+    problems = _binary_problems(binary, caps, flags)
+    normalized, p = _normalized(instances)
+    problems += p
+    ctx = _Context(caps, flags, binary, binary_identity, config_dir, advertise_host, health_base_s, health_per_gib_s)
+    rendered: list[dict] = []
+    for inst in normalized:
+        rendered += _render_instance(inst, plans, models, model_info, ctx, problems)
+    problems += _collisions(rendered)
+    if problems:
+        # Keep the order, drop repeats (a setting checked once per replica).
+        raise ServerArgsError(list(dict.fromkeys(problems)))
+    return rendered
+
+
+class _Context:
+    """What every instance of one render shares: the binary, its capabilities, where files go."""
+
+    def __init__(self, caps, flags, binary, binary_identity, config_dir, advertise_host, base_s, per_gib_s):
+        self.caps, self.flags, self.binary, self.binary_identity = caps, flags, binary, binary_identity
+        self.config_dir, self.advertise_host, self.base_s, self.per_gib_s = (
+            config_dir,
+            advertise_host,
+            base_s,
+            per_gib_s,
+        )
+        self.binary_text = f"the binary {binary} ({caps.get('build_info')})"
+
+
+def _binary_problems(binary, caps, flags):
+    problems = []
     if not _SAFE.match(binary) or not binary.startswith("/"):
         problems.append(f"the llama-server binary path {binary!r} must be absolute, without whitespace or quotes")
     for required in ("--model", "--host", "--port"):
@@ -466,8 +495,12 @@ def render(
                 f"the binary {binary} does not list {required} in its --help; is this llama-server? "
                 f"(capabilities: {caps.get('build_info')})"
             )
+    return problems
 
-    normalized = []
+
+def _normalized(instances):
+    """The instances normalized, with the settings they leave unset left to their plan; and the problems."""
+    problems, normalized = [], []
     for raw in instances or []:
         inst, p = normalize_instance(raw)
         problems += p
@@ -477,216 +510,246 @@ def render(
                 if raw.get(key) is None:
                     inst[key] = None
             normalized.append(inst)
-
     names = [i["name"] for i in normalized if i.get("name")]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"instance name {n!r} is used {names.count(n)} times; names must be unique")
+    return normalized, problems
 
-    rendered: list[dict] = []
-    for inst in normalized:
-        label = inst.get("name")
-        if not isinstance(label, str) or not _NAME.match(label):
+
+def _instance_plan(label, plans, problems):
+    plan = plans.get(label)
+    if plan is not None and not isinstance(plan, dict):
+        problems.append(f"llamafleet_plan[{label!r}] must be a tensor_split plan (a mapping)")
+        plan = None
+    if plan and plan.get("fits") is False:
+        problems.append(f"llamafleet_plan[{label!r}] does not fit (fits: false); fix the plan first")
+    return plan
+
+
+def _model(label, inst, models, model_info, problems):
+    """(path, info) of the model the instance serves, or (None, None) with the problem said."""
+    path, p = model_path_for(inst, models)
+    if p:
+        problems.append(p)
+        return None, None
+    info = model_info.get(path)
+    if info is None:
+        problems.append(f"instance {label!r}: no information about model {path} (not read)")
+        return None, None
+    if not path.startswith("/") or not _SAFE.match(path):
+        problems.append(
+            f"instance {label!r}: model path {path!r} must be absolute, without whitespace, quotes or '$' "
+            "(rename it or point a symlink at it)"
+        )
+        return None, None
+    for d in _FORBIDDEN_MODEL_DIRS:
+        if any(q == d or q.startswith(d + "/") for q in info.get("paths") or [path]):
             problems.append(
-                f"instance name {label!r} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a "
-                "letter or digit (it becomes the systemd instance llama-server@<name>)"
+                f"instance {label!r}: model {path} is under {d}, which the hardened unit hides "
+                "(ProtectHome / PrivateTmp); move it, e.g. under /var/lib/llama-models or /srv"
             )
-            continue
-        plan = plans.get(label)
-        if plan is not None and not isinstance(plan, dict):
-            problems.append(f"llamafleet_plan[{label!r}] must be a tensor_split plan (a mapping)")
-            plan = None
-        if plan and plan.get("fits") is False:
-            problems.append(f"llamafleet_plan[{label!r}] does not fit (fits: false); fix the plan first")
-        path, p = model_path_for(inst, models)
-        if p:
-            problems.append(p)
-            continue
-        info = model_info.get(path)
-        if info is None:
-            problems.append(f"instance {label!r}: no information about model {path} (not read)")
-            continue
-        if not path.startswith("/") or not _SAFE.match(path):
+            break
+    return path, info
+
+
+def _mtp(label, inst, plan, path, info, ctx, problems):
+    """(mtp, draft_n_max, spec_type): MTP as the instance and its plan set it, in the binary's spelling."""
+    mtp = _setting(inst, plan, "mtp", problems)
+    draft_n_max = _setting(inst, plan, "draft_n_max", problems)
+    spec_type = None
+    if mtp:
+        if not info.get("mtp"):
             problems.append(
-                f"instance {label!r}: model path {path!r} must be absolute, without whitespace, quotes or '$' "
-                "(rename it or point a symlink at it)"
+                f"instance {label!r}: mtp is on but model {path} has no MTP (nextn) layers "
+                f"(nextn_predict_layers {info.get('nextn_predict_layers', 0)}); set mtp: false for this instance "
+                "or use a model with MTP layers"
             )
-            continue
-        for d in _FORBIDDEN_MODEL_DIRS:
-            if any(q == d or q.startswith(d + "/") for q in info.get("paths") or [path]):
-                problems.append(
-                    f"instance {label!r}: model {path} is under {d}, which the hardened unit hides "
-                    "(ProtectHome / PrivateTmp); move it, e.g. under /var/lib/llama-models or /srv"
-                )
-                break
-
-        host = str(inst.get("host") or "127.0.0.1")
-        problems += fleet_instances.access_problems(inst)  # the resolver's checks, for a direct caller
-        port = inst.get("port")
-        if not isinstance(port, int) or not fleet_instances.in_bounds(FIELDS["port"], port):
-            port = None  # normalize reported it
-        has_key = bool(inst.get("api_key"))
-        if has_key and not flags.knows("--api-key-file"):
+        spec_type = ctx.caps.get("mtp_spec_type")
+        if not spec_type:
             problems.append(
-                f"instance {label!r}: api_key is set but the binary has no --api-key-file; the key would have "
-                "to go on the command line, which this role refuses. Use a newer llama-server"
+                f"instance {label!r}: mtp is on but {ctx.binary_text} has no MTP speculative type (--spec-type "
+                f"lists: {', '.join(ctx.caps.get('spec_types') or []) or 'nothing'}); build llama.cpp with MTP or set "
+                "mtp: false"
             )
+        if not isinstance(draft_n_max, int) or draft_n_max < 1:
+            problems.append(f"instance {label!r}: draft_n_max must be a positive integer, got {draft_n_max!r}")
+    return mtp, draft_n_max, spec_type
 
-        mtp = _setting(inst, plan, "mtp", problems)
-        draft_n_max = _setting(inst, plan, "draft_n_max", problems)
-        spec_type = None
-        if mtp:
-            if not info.get("mtp"):
-                problems.append(
-                    f"instance {label!r}: mtp is on but model {path} has no MTP (nextn) layers "
-                    f"(nextn_predict_layers {info.get('nextn_predict_layers', 0)}); set mtp: false for this instance "
-                    "or use a model with MTP layers"
-                )
-            spec_type = caps.get("mtp_spec_type")
-            if not spec_type:
-                problems.append(
-                    f"instance {label!r}: mtp is on but the binary {binary} ({caps.get('build_info')}) has no MTP "
-                    f"speculative type (--spec-type lists: {', '.join(caps.get('spec_types') or []) or 'nothing'}); "
-                    "build llama.cpp with MTP or set mtp: false"
-                )
-            if not isinstance(draft_n_max, int) or draft_n_max < 1:
-                problems.append(f"instance {label!r}: draft_n_max must be a positive integer, got {draft_n_max!r}")
 
-        ctx = _setting(inst, plan, "context", problems)
-        slots = _setting(inst, plan, "parallel", problems)
-        common = ["--parallel", str(slots)]
-        if _setting(inst, plan, "kv_unified", problems):
-            common += ["--kv-unified"]
-        for key, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
+def _shared_args(label, inst, plan, mtp, spec_type, draft_n_max, ctx, problems):
+    """The arguments every replica of the instance shares: (common, tuning)."""
+    common = ["--parallel", str(_setting(inst, plan, "parallel", problems))]
+    if _setting(inst, plan, "kv_unified", problems):
+        common += ["--kv-unified"]
+    for key, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
+        value = _setting(inst, plan, key, problems)
+        if value is not None:
+            if ctx.caps.get("cache_types") and value not in ctx.caps["cache_types"]:
+                problems.append(f"instance {label!r}: {key} {value} is not a cache type this binary allows")
+            common += [flag, value]
+    if inst.get("flash_attn"):
+        common += ["--flash-attn", inst["flash_attn"]]
+    tuning = []
+    for key, flag in (("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size")):
+        if inst.get(key) is not None:
+            tuning += [flag, str(inst[key])]
+    if mtp and spec_type:
+        tuning += ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_n_max)]
+        for key, flag in (("draft_cache_type_k", "--spec-draft-type-k"), ("draft_cache_type_v", "--spec-draft-type-v")):
             value = _setting(inst, plan, key, problems)
             if value is not None:
-                if caps.get("cache_types") and value not in caps["cache_types"]:
-                    problems.append(f"instance {label!r}: {key} {value} is not a cache type this binary allows")
-                common += [flag, value]
-        if inst.get("flash_attn"):
-            common += ["--flash-attn", inst["flash_attn"]]
-        tuning = []
-        for key, flag in (
-            ("batch_size", "--batch-size"),
-            ("ubatch_size", "--ubatch-size"),
-        ):
-            if inst.get(key) is not None:
-                tuning += [flag, str(inst[key])]
-        if mtp and spec_type:
-            tuning += ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_n_max)]
-            for key, flag in (
-                ("draft_cache_type_k", "--spec-draft-type-k"),
-                ("draft_cache_type_v", "--spec-draft-type-v"),
-            ):
-                value = _setting(inst, plan, key, problems)
-                if value is not None:
-                    tuning += [flag, value]
-        if inst.get("rope_scaling"):
-            tuning += ["--rope-scaling", inst["rope_scaling"]]
-            if inst.get("rope_scale") is not None:
-                tuning += ["--rope-scale", _fmt(inst["rope_scale"])]
-        tuning += _table_flags(inst, mtp, flags, f"the binary {binary} ({caps.get('build_info')})", problems)
-        extra = _extra_args(inst, flags, problems)
+                tuning += [flag, value]
+    if inst.get("rope_scaling"):
+        tuning += ["--rope-scaling", inst["rope_scaling"]]
+        if inst.get("rope_scale") is not None:
+            tuning += ["--rope-scale", _fmt(inst["rope_scale"])]
+    tuning += _table_flags(inst, mtp, ctx.flags, ctx.binary_text, problems)
+    return common, tuning
 
-        count, suffixed = _replica_count(inst, plan, problems)
-        for i in range(count):
-            name = f"{label}-{i}" if suffixed else label
-            plan_inst = _plan_instance(plan, i) if plan else None
-            mode, devices, split_mode, env, place_args = _placement(
-                inst, plan_inst, (plan or {}).get("mode"), caps, problems
-            )
-            # the plan's split mode (the resolver refused the declared one already)
-            refused = tensor_split_mtp_problem(
-                split_mode, mtp, inst.get("force_split_mode_tensor"), "force_split_mode_tensor"
-            )
-            if refused:
-                problems.append(f"instance {name!r}: {refused}")
-            if split_mode and caps.get("split_modes") and split_mode not in caps["split_modes"]:
-                problems.append(
-                    f"instance {name!r}: split mode {split_mode} is not one this binary knows "
-                    f"({', '.join(caps['split_modes'])})"
-                )
-            rport = port + i if port is not None else None
-            if rport is not None and rport > 65535:
-                problems.append(f"instance {name!r}: port {rport} (port + replica index) is above 65535")
 
-            args = ["--model", path, "--host", host, "--port", str(rport)]
-            if inst.get("alias"):
-                args += ["--alias", inst["alias"]]
-            if ctx is not None:
-                args += ["--ctx-size", str(ctx)]
-            # Cores of its own (the plan divides a shared host's cores): as many threads as cores, unless pinned.
-            cpus = (plan_inst or {}).get("cpus") or None
-            threads = inst.get("threads") or (plan_inst or {}).get("threads") if cpus else inst.get("threads")
-            threads_batch = inst.get("threads_batch") or (threads if cpus else None)
-            for flag, n in (("--threads", threads), ("--threads-batch", threads_batch)):
-                if n is not None:
-                    args += [flag, str(n)]
-            args += common + place_args + tuning
-            notes = []
-            if inst.get("metrics"):
-                if flags.knows("--metrics"):
-                    args.append("--metrics")
-                else:
-                    notes.append("this llama-server has no --metrics; /metrics is off")
-            if not inst.get("webui"):
-                if flags.knows("--no-webui"):
-                    args.append("--no-webui")
-                else:
-                    notes.append("this llama-server has no --no-webui; its web UI stays on")
-            if has_key:
-                args += ["--api-key-file", credential_path(name)]
-            # Every flag rendered so far must be one the binary lists (values are never flags).
-            for tok in args:
-                if tok.startswith("--") and not flags.knows(tok):
-                    problems.append(f"instance {name!r}: this llama-server does not know {tok} (not in its --help)")
-            args += extra
-            for tok in args:
-                if not _SAFE.match(tok):
-                    problems.append(
-                        f"instance {name!r}: argument {tok!r} contains whitespace, a quote, a backslash or '$', "
-                        "which a systemd environment file cannot carry"
-                    )
-            env = _environment(inst, env, problems)
+def _render_instance(inst, plans, models, model_info, ctx, problems):
+    """One declared instance: its replicas rendered (empty when it cannot be; the problems are said)."""
+    label = inst.get("name")
+    if not isinstance(label, str) or not _NAME.match(label):
+        problems.append(
+            f"instance name {label!r} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a "
+            "letter or digit (it becomes the systemd instance llama-server@<name>)"
+        )
+        return []
+    plan = _instance_plan(label, plans, problems)
+    path, info = _model(label, inst, models, model_info, problems)
+    if path is None:
+        return []
+    problems += fleet_instances.access_problems(inst)  # the resolver's checks, for a direct caller
+    if inst.get("api_key") and not ctx.flags.knows("--api-key-file"):
+        problems.append(
+            f"instance {label!r}: api_key is set but the binary has no --api-key-file; the key would have "
+            "to go on the command line, which this role refuses. Use a newer llama-server"
+        )
+    mtp, draft_n_max, spec_type = _mtp(label, inst, plan, path, info, ctx, problems)
+    shared = _shared_args(label, inst, plan, mtp, spec_type, draft_n_max, ctx, problems)
+    settings = {
+        "ctx": _setting(inst, plan, "context", problems),
+        "slots": _setting(inst, plan, "parallel", problems),
+        "mtp": mtp,
+        "draft_n_max": draft_n_max,
+        "spec_type": spec_type,
+        "shared": shared,
+        "extra": _extra_args(inst, ctx.flags, problems),
+    }
+    count, suffixed = _replica_count(inst, plan, problems)
+    return [_replica(inst, label, i, suffixed, plan, path, info, settings, ctx, problems) for i in range(count)]
 
-            timeout = inst.get("health_timeout") or health_timeout(
-                info.get("size_bytes") or 0, health_base_s, health_per_gib_s
-            )
-            out = {
-                "name": name,
-                "config_name": label,
-                "replica": i if suffixed else None,
-                "unit": unit_name(name),
-                "host": host,
-                "port": rport,
-                "url": f"http://{_url_host(host, advertise_host)}:{rport}",
-                "health_url": f"http://{_url_host(host)}:{rport}/health",
-                "mode": mode,
-                "devices": devices,
-                "split_mode": split_mode,
-                "mtp": bool(mtp and spec_type),
-                "spec_type": spec_type if mtp else None,
-                "draft_n_max": draft_n_max if mtp else None,
-                "parallel": slots,
-                "cpus": cpus,
-                "model": inst.get("model"),
-                "model_path": path,
-                "model_size_bytes": int(info.get("size_bytes") or 0),
-                "read_only_paths": sorted({q.rsplit("/", 1)[0] or "/" for q in info.get("paths") or [path]}),
-                "api_key": has_key,
-                "key_file": f"{config_dir}/{name}.key" if has_key else None,
-                "args": args,
-                "env": env,
-                "health_timeout": int(timeout),
-                "notes": notes,
-            }
-            out["env_file"] = env_file(
-                out, binary=binary, binary_identity=binary_identity, model_identity=info.get("identity")
-            )
-            out["dropin"] = dropin(out)
-            rendered.append(out)
 
-    seen_names: dict[str, str] = {}
-    seen_ports: dict[int, str] = {}
+def _replica(inst, label, i, suffixed, plan, path, info, settings, ctx, problems):
+    """Replica ``i`` of an instance: its placement, arguments, environment and files."""
+    name = f"{label}-{i}" if suffixed else label
+    mtp, spec_type, draft_n_max = settings["mtp"], settings["spec_type"], settings["draft_n_max"]
+    plan_inst = _plan_instance(plan, i) if plan else None
+    mode, devices, split_mode, env, place_args = _placement(
+        inst, plan_inst, (plan or {}).get("mode"), ctx.caps, problems
+    )
+    # the plan's split mode (the resolver refused the declared one already)
+    refused = tensor_split_mtp_problem(split_mode, mtp, inst.get("force_split_mode_tensor"), "force_split_mode_tensor")
+    if refused:
+        problems.append(f"instance {name!r}: {refused}")
+    if split_mode and ctx.caps.get("split_modes") and split_mode not in ctx.caps["split_modes"]:
+        problems.append(
+            f"instance {name!r}: split mode {split_mode} is not one this binary knows "
+            f"({', '.join(ctx.caps['split_modes'])})"
+        )
+    host = str(inst.get("host") or "127.0.0.1")
+    port = inst.get("port")
+    if not isinstance(port, int) or not fleet_instances.in_bounds(FIELDS["port"], port):
+        port = None  # normalize reported it
+    rport = port + i if port is not None else None
+    if rport is not None and rport > 65535:
+        problems.append(f"instance {name!r}: port {rport} (port + replica index) is above 65535")
+    cpus = (plan_inst or {}).get("cpus") or None
+    args, notes = _replica_args(inst, name, path, host, rport, settings, plan_inst, cpus, place_args, ctx, problems)
+    env = _environment(inst, env, problems)
+    timeout = inst.get("health_timeout") or health_timeout(info.get("size_bytes") or 0, ctx.base_s, ctx.per_gib_s)
+    has_key = bool(inst.get("api_key"))
+    out = {
+        "name": name,
+        "config_name": label,
+        "replica": i if suffixed else None,
+        "unit": unit_name(name),
+        "host": host,
+        "port": rport,
+        "url": f"http://{_url_host(host, ctx.advertise_host)}:{rport}",
+        "health_url": f"http://{_url_host(host)}:{rport}/health",
+        "mode": mode,
+        "devices": devices,
+        "split_mode": split_mode,
+        "mtp": bool(mtp and spec_type),
+        "spec_type": spec_type if mtp else None,
+        "draft_n_max": draft_n_max if mtp else None,
+        "parallel": settings["slots"],
+        "cpus": cpus,
+        "model": inst.get("model"),
+        "model_path": path,
+        "model_size_bytes": int(info.get("size_bytes") or 0),
+        "read_only_paths": sorted({q.rsplit("/", 1)[0] or "/" for q in info.get("paths") or [path]}),
+        "api_key": has_key,
+        "key_file": f"{ctx.config_dir}/{name}.key" if has_key else None,
+        "args": args,
+        "env": env,
+        "health_timeout": int(timeout),
+        "notes": notes,
+    }
+    out["env_file"] = env_file(
+        out, binary=ctx.binary, binary_identity=ctx.binary_identity, model_identity=info.get("identity")
+    )
+    out["dropin"] = dropin(out)
+    return out
+
+
+def _replica_args(inst, name, path, host, rport, settings, plan_inst, cpus, place_args, ctx, problems):
+    """(args, notes): the replica's command line, every flag one the binary lists, every token env-file safe."""
+    args = ["--model", path, "--host", host, "--port", str(rport)]
+    if inst.get("alias"):
+        args += ["--alias", inst["alias"]]
+    if settings["ctx"] is not None:
+        args += ["--ctx-size", str(settings["ctx"])]
+    # Cores of its own (the plan divides a shared host's cores): as many threads as cores, unless pinned.
+    threads = inst.get("threads") or (plan_inst or {}).get("threads") if cpus else inst.get("threads")
+    threads_batch = inst.get("threads_batch") or (threads if cpus else None)
+    for flag, n in (("--threads", threads), ("--threads-batch", threads_batch)):
+        if n is not None:
+            args += [flag, str(n)]
+    common, tuning = settings["shared"]
+    args += common + place_args + tuning
+    notes = []
+    if inst.get("metrics"):
+        if ctx.flags.knows("--metrics"):
+            args.append("--metrics")
+        else:
+            notes.append("this llama-server has no --metrics; /metrics is off")
+    if not inst.get("webui"):
+        if ctx.flags.knows("--no-webui"):
+            args.append("--no-webui")
+        else:
+            notes.append("this llama-server has no --no-webui; its web UI stays on")
+    if inst.get("api_key"):
+        args += ["--api-key-file", credential_path(name)]
+    # Every flag rendered so far must be one the binary lists (values are never flags).
+    for tok in args:
+        if tok.startswith("--") and not ctx.flags.knows(tok):
+            problems.append(f"instance {name!r}: this llama-server does not know {tok} (not in its --help)")
+    args += settings["extra"]
+    for tok in args:
+        if not _SAFE.match(tok):
+            problems.append(
+                f"instance {name!r}: argument {tok!r} contains whitespace, a quote, a backslash or '$', "
+                "which a systemd environment file cannot carry"
+            )
+    return args, notes
+
+
+def _collisions(rendered):
+    """Replica names and ports that two instances produce."""
+    problems, seen_names, seen_ports = [], {}, {}
     for r in rendered:
         if r["name"] in seen_names and seen_names[r["name"]] != r["config_name"]:
             problems.append(
@@ -701,11 +764,7 @@ def render(
                     "its own port (replicas use port, port+1, ...)"
                 )
             seen_ports.setdefault(r["port"], r["name"])
-
-    if problems:
-        # Keep the order, drop repeats (a setting checked once per replica).
-        raise ServerArgsError(list(dict.fromkeys(problems)))
-    return rendered
+    return problems
 
 
 def env_file(inst: dict, *, binary: str, binary_identity: str | None, model_identity: str | None) -> str:
