@@ -53,6 +53,19 @@ def test_rules_are_loaded_and_the_acceptance_series_and_down_alert_are_there(hos
     assert [a["labels"]["llama_instance"] for a in down] == ["b"]
 
 
+def test_alerts_reach_the_alertmanager_beside_prometheus(host):
+    assert host.service("prometheus-alertmanager").is_running and host.service("prometheus-alertmanager").is_enabled
+    ams = query(host, "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+    assert [a["url"] for a in ams] == ["http://127.0.0.1:9093/api/v2/alerts"]
+    conf = host.file("/etc/prometheus/alertmanager.yml")
+    assert conf.user == "root" and conf.group == "prometheus" and conf.mode == 0o640
+    code = ("import json, urllib.request; o = urllib.request.build_opener(urllib.request.ProxyHandler({})); "
+            "print(o.open('http://127.0.0.1:9093/api/v2/alerts', timeout=10).read().decode())")  # fmt: skip
+    alerts = json.loads(host.check_output(f"python3 -c {shlex.quote(code)}"))
+    down = [a["labels"]["llama_instance"] for a in alerts if a["labels"]["alertname"] == "LlamaInstanceDown"]
+    assert down == ["b"]
+
+
 def test_the_api_key_is_a_credentials_file_only(host):
     key = host.file(f"{CONF}/keys/llama-monitoring-deb12__a")
     assert key.exists and key.user == "root" and key.group == "prometheus" and key.mode == 0o640
