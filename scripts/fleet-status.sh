@@ -3,8 +3,8 @@
 #     bash scripts/fleet-status.sh [--json] [ansible-playbook options: -i inventories/prod, --limit ...]
 # One row per instance (host, instance, URL, build, MTP, model, health, slots, tokens/s, acceptance, draft-n-max,
 # declared); --json prints the rows as JSON instead. Changes nothing. Ansible's own output goes to stderr only when
-# the playbook fails. Exit status: ansible-playbook's (0 with every host read, 4 when one could not be reached -
-# its row says so).
+# the playbook fails. Exit status: ansible-playbook's - 0 when the table was made, also with a host that could not
+# be reached (its row says so; in JSON "reachable": false).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 format=table

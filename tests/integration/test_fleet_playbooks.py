@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -897,6 +898,8 @@ def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops():
     assert all(0 < v <= 1 for v in acc.values()), acc
     base = {r["metric"]["host"] for r in _prom("/query?query=llamafleet:baseline_decode_tokens_per_second")["result"]}
     assert base == set(HOSTS), base  # the speed gate's figures, recorded by the converge
+    declared = {r["metric"]["host"]: r["value"][1] for r in _prom("/query?query=llamafleet:host_as_declared")["result"]}
+    assert declared == dict.fromkeys(HOSTS, "1"), declared  # the last run left both as declared: no alert
     t_stop = time.monotonic()
     on_host(H2, "systemctl", "stop", "llama-server@main.service")
     try:
@@ -918,6 +921,71 @@ def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops():
         f"\nprometheus: {n} targets every 5 s, {cpu * 100:.1f} % of a core and {rss:.0f} MiB resident over {age:.0f} s;"
         f" instance stopped -> LlamaInstanceDown firing in {fired:.1f} s (for: 15 s); acceptance {acc}"
     )
+
+
+def _status_rows(run):
+    """The rows status.yml computed (its set_fact event), host -> row (one instance per sandbox host)."""
+    (res,) = [
+        e["event_data"]["res"]
+        for e in run.events
+        if e.get("event") == "runner_on_ok"
+        and e["event_data"].get("task") == "Join what the hosts and the monitor answered"
+    ]
+    return {r["host"]: r for r in res["ansible_facts"]["llamafleet_status"]["rows"]}
+
+
+def test_10c_status_shows_every_instance_as_it_serves(inv, tmp_path_factory, tmp_path):
+    """playbooks/status.yml after 10b's completions: one row per instance with what the host and the instance say
+    (build and MTP spelling from build-info, the tuned draft-n-max and slots from the environment file, the model's
+    sha256 from the file on the host, health, MTP acceptance from Prometheus equal to the instance's own counters'
+    ratio), the host as declared; changed=0, and the same rows under --check; --json writes the same rows."""
+    dest = tmp_path / "status.json"
+    run = ok(
+        play("playbooks/status.yml", inv, tmp_path_factory,
+             extravars={"llamafleet_status_format": "json", "llamafleet_status_dest": str(dest)}),
+        "status.yml",
+    )  # fmt: skip
+    TIMES["status.yml, 2 hosts"] = run.seconds
+    assert all(run.changed(h) == 0 for h in (*HOSTS, GATEWAY)), run.stats
+    rows = _status_rows(run)
+    assert set(rows) == set(HOSTS)
+    assert {r["host"]: r for r in json.loads(dest.read_text())} == rows
+    for h in HOSTS:
+        r, info, env = rows[h], build_info(h), env_file(h)
+        assert (r["instance"], r["health"], r["reachable"], r["declared"]) == ("main", "healthy", True, "yes"), r
+        assert (r["build"], r["commit"]) == (info["name"], info["commit"])
+        assert r["mtp"] == info["capabilities"]["mtp_spec_type"] and f"--spec-type {r['mtp']}" in env
+        assert f"--spec-draft-n-max {r['draft_n_max']} " in env and f"--parallel {r['slots_total']} " in env
+        path = re.search(r"--model (\S+)", env).group(1)
+        assert r["sha256"] == on_host(h, "sha256sum", path).split()[0]
+        assert r["url"].endswith(":8080"), r["url"]
+        assert r["source"] == "prometheus" and r["slots_busy"] == 0, r
+        own = _instance_metrics(h)
+        drafted = own["llamacpp:spec_decode_num_draft_tokens_total"]
+        assert abs(r["acceptance"] - own["llamacpp:spec_decode_num_accepted_tokens_total"] / drafted) < 0.05, (r, own)
+    check = ok(play("playbooks/status.yml", inv, tmp_path_factory, check=True), "status.yml --check")
+    assert all(check.changed(h) == 0 for h in (*HOSTS, GATEWAY))
+    assert {h: (r["health"], r["declared"]) for h, r in _status_rows(check).items()} == {
+        h: ("healthy", "yes") for h in HOSTS
+    }
+    print(f"\nstatus.yml: {run.seconds:.1f} s for {len(HOSTS)} hosts (--check {check.seconds:.1f} s)")
+
+
+def _instance_metrics(host):
+    """The instance's own /metrics, read on its host with its key file (as status.yml reads it)."""
+    code = (
+        "import urllib.request; key = open('/etc/llama-server/main.key').read().strip(); "
+        "o = urllib.request.build_opener(urllib.request.ProxyHandler({})); "
+        "r = urllib.request.Request('http://127.0.0.1:8080/metrics', headers={'Authorization': 'Bearer ' + key}); "
+        "print(o.open(r, timeout=10).read().decode())"
+    )
+    text = on_host(host, "python3", "-c", code)
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def test_11_no_secret_in_any_log(tmp_path_factory):
@@ -978,6 +1046,11 @@ def test_12_a_down_host_holds_no_one_hostage_and_rejoins_with_a_new_address(inv,
         (fail,) = [m for _, task, m in run.failures() if task.startswith("Fail the run for the hosts")]
         assert H2 in fail, fail
         assert all(not r["svname"].startswith(H2) for r in gateway_stat(GATEWAY)), "the down host is left out"
+        status = play("playbooks/status.yml", inv, tmp_path_factory)
+        rows = _status_rows(status)
+        assert (rows[H2]["reachable"], rows[H2]["health"], rows[H2]["instance"]) == (False, "unreachable", None)
+        assert rows[H1]["health"] == "healthy" and rows[H1]["declared"] == "yes" and status.rc == 0, (rows, status.rc)
+        TIMES["status.yml, one of 2 hosts down"] = status.seconds
         rel = release(inv)
         up = play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_ref": RELEASE})
         assert up.status == "failed" and release(inv) == rel  # not every host converged: nothing recorded
