@@ -596,6 +596,14 @@ def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory
         assert (env_file(h), build_info(h)["name"]) == before[h]
         assert health(h) == 200
     assert release(inv) == rel_before  # nothing recorded
+    # the run stopped before its monitoring stage; the rescue told the monitor (LlamaHostNotAsDeclared)
+
+    def marked():
+        res = _prom("/query?query=llamafleet:host_as_declared")["result"]
+        return {r["metric"]["host"]: (r["value"][1], r["metric"].get("reason", "")) for r in res}.get(H1, ("", ""))
+
+    value, reason = _until(f"{H1} not as declared on the monitor", lambda: marked()[0] == "0" and marked(), timeout=60)
+    assert "rolled back" in reason, reason
 
 
 def _speed(run, host):

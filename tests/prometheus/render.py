@@ -20,7 +20,7 @@ def thresholds(overrides=None):
     return dict(data["__llama_monitoring_alert_defaults"], **(overrides or {}))
 
 
-# Example llama hosts as the last run left them (baselines.yml: llamafleet:host_as_declared).
+# Example llama hosts as the last run left them (hosts.yml: llamafleet:host_as_declared).
 HOSTS = {
     "h1": {"as_declared": 1, "reason": ""},
     "h2": {"as_declared": 0, "reason": "its converge failed (a serving host was rolled back)"},
@@ -43,9 +43,14 @@ def render(template: str, targets=(), overrides=None, backend="llama", hosts=Non
 
 
 def write_rules(directory: Path, targets=(), overrides=None, hosts=None) -> list:
-    """llamafleet.yml and baselines.yml in ``directory``, as the role writes them into rules/."""
+    """llamafleet.yml, baselines.yml and hosts.yml in ``directory``, as the role writes them into rules/."""
     out = []
-    for src, dest in (("rules/llamafleet.rules.yml.j2", "llamafleet.yml"), ("baselines.rules.yml.j2", "baselines.yml")):
+    files = (
+        ("rules/llamafleet.rules.yml.j2", "llamafleet.yml"),
+        ("baselines.rules.yml.j2", "baselines.yml"),
+        ("hosts.rules.yml.j2", "hosts.yml"),
+    )
+    for src, dest in files:
         path = Path(directory) / dest
         path.write_text(render(src, targets, overrides, hosts=hosts))
         out.append(path)

@@ -48,7 +48,7 @@ def promtool():
 def test_rules_pass_promtool_check_and_every_alert_has_unit_series_that_fire_and_stay_quiet(promtool, tmp_path):
     write_rules(tmp_path, TARGETS)
     shutil.copy(HERE / "llamafleet.test.yml", tmp_path)
-    check = subprocess.run([promtool, "check", "rules", "llamafleet.yml", "baselines.yml"], cwd=tmp_path,
+    check = subprocess.run([promtool, "check", "rules", "llamafleet.yml", "baselines.yml", "hosts.yml"], cwd=tmp_path,
                            capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     run = subprocess.run(
@@ -103,11 +103,12 @@ def test_prometheus_config_has_one_job_per_instance_with_its_key_as_a_file_only(
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _render_config(plan, tmp_path):
+def _render_config(plan, tmp_path, alertmanager=False):
     return render(
         "prometheus.yml.j2", plan["targets"], inventory_hostname="mon", llama_monitoring_scrape_interval="15s",
         llama_monitoring_evaluation_interval="15s", llama_monitoring_config_dir=str(tmp_path),
         __llama_monitoring_port="9090", __llama_monitoring_gateways=plan["gateways"],
+        llama_monitoring_alertmanager=alertmanager, llama_monitoring_alertmanager_listen_address="127.0.0.1:9093",
     )  # fmt: skip
 
 
@@ -198,9 +199,8 @@ def _metric_names(expr):
 
 def test_every_dashboard_expression_reads_a_recording_rule_or_a_metric_the_fleet_exports(promtool, tmp_path):
     write_rules(tmp_path, TARGETS)
-    groups = [
-        g for f in ("llamafleet.yml", "baselines.yml") for g in yaml.safe_load((tmp_path / f).read_text())["groups"]
-    ]
+    files = ("llamafleet.yml", "baselines.yml", "hosts.yml")
+    groups = [g for f in files for g in yaml.safe_load((tmp_path / f).read_text())["groups"]]
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
     exported = {name.split("{")[0] for name in parse_metrics(CAPTURE.read_text())}  # a real llama-server's /metrics
     known = recorded | exported | {"up", "ALERTS"}  # Prometheus's own series
@@ -230,3 +230,14 @@ def test_the_metric_name_reader_can_fail():
         "llamacpp:tokens_predicted_total"}  # fmt: skip
     assert _metric_names('count(ALERTS{alertname=~"Llama.*"}) or vector(0)') == {"ALERTS"}
     assert _metric_names("llamafleet:no_such_rule > 0.5") == {"llamafleet:no_such_rule"}
+
+
+def test_prometheus_sends_alerts_to_the_alertmanager_only_when_asked(promtool, tmp_path):
+    plan = scrape_plan(["h1"], {"h1": {"instances": [_published("main")]}}, {"h1": [{"name": "main"}]})
+    assert "alerting" not in yaml.safe_load(_render_config(plan, tmp_path))
+    conf = yaml.safe_load(_render_config(plan, tmp_path, alertmanager=True))
+    assert conf["alerting"]["alertmanagers"] == [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]
+    (tmp_path / "p.yml").write_text(_render_config(plan, tmp_path, alertmanager=True))
+    check = subprocess.run([promtool, "check", "config", "--syntax-only", "p.yml"], cwd=tmp_path, capture_output=True,
+                           text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
