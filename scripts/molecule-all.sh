@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Every molecule scenario (or those named in MOLECULE_SCENARIOS), MOLECULE_JOBS at a time (default 2):
+# Every molecule scenario (or those named in MOLECULE_SCENARIOS), MOLECULE_JOBS at a time (default 3):
 # each scenario has its own containers, network namespace and ephemeral directory, and spends most
-# of its time waiting on podman exec and systemd, so two at a time take about 60 % of the wall time
+# of its time waiting on podman exec and systemd, so two at a time took about 60 % of the wall time
 # of one after another on a 2-core machine. Each scenario's output goes to its own log; the logs of
 # failed scenarios are printed at the end (their last 200 lines), then one line per scenario.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-jobs=${MOLECULE_JOBS:-2}
+jobs=${MOLECULE_JOBS:-3}
 logs=${MOLECULE_LOGS:-$(mktemp -d /tmp/molecule-logs.XXXXXX)}
 mkdir -p "$logs"
 scenarios=()

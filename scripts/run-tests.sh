@@ -8,7 +8,7 @@
 #                                 ansible-test sanity on the built artifact (scripts/sanity.sh), the
 #                                 galaxy-importer gate and ansible-builder (scripts/import-gate.sh), and
 #                                 ansible-core 2.19 / 2.20 (scripts/core-lane.sh)
-# Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stage, MOLECULE_JOBS (default 2) runs that
+# Env: MOLECULE_SCENARIOS="smoke ..." limits the molecule stage, MOLECULE_JOBS (default 3) runs that
 # many scenarios at once; LLAMA_MTP_CACHE moves the caches.
 # Prints each stage's wall time at the end. Second runs reuse the images, the llama.cpp mirror,
 # the builds and ccache under $LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet).
@@ -71,7 +71,7 @@ LLAMA_SERVER_PR_BIN=$(tests/harness/llamacpp/build.sh refs/pull/22673/head)/bin/
 export LLAMA_SERVER_BIN LLAMA_SERVER_PR_BIN
 stage unit-slow pytest -q -m slow tests/unit
 stage integration pytest -q tests/integration
-# Every molecule scenario, two at a time (scripts/molecule-all.sh prints each one's wall time);
+# Every molecule scenario, three at a time (scripts/molecule-all.sh prints each one's wall time);
 # MOLECULE_SCENARIOS="a b" runs only those, MOLECULE_JOBS=1 one after another.
 stage molecule bash scripts/molecule-all.sh
 # README command 1, end to end on a fresh sandbox fleet, then the fleet playbooks on it

@@ -128,9 +128,10 @@ def play(
     playbook, inventory, tmp_path_factory, *, check=False, extravars=None, limit=None, tags=None, gateway=False,
     interrupt_at=None,
 ):  # fmt: skip
-    """gateway=False skips the gateway's own play (tag gateway): its configuration is the same throughout the
-    sequence (same hosts, same ports), scripts/run-sandbox.sh set it up, test 1 runs it as users do and test
-    10 checks it; the drain around each restart runs in every run (it belongs to the server role)."""
+    """gateway=False skips the gateway's and the monitor's own plays (tags gateway, monitoring): their configuration
+    is the same throughout the sequence (same hosts, same ports), scripts/run-sandbox.sh set them up, test 1 and
+    the runs with gateway=True run them as users do and tests 10 and 10b check them; the drain around each restart
+    and a failed converge's word to the monitor run in every run (they belong to the converge)."""
     import ansible_runner
 
     data = tmp_path_factory.mktemp("runner")
@@ -139,7 +140,7 @@ def play(
         for x in (
             "--check --diff" if check else "",
             f"--tags {tags}" if tags else "",
-            "" if gateway or tags else "--skip-tags gateway",
+            "" if gateway or tags else "--skip-tags gateway,monitoring",
         )
         if x
     )
@@ -879,12 +880,15 @@ def _prometheus_cost():
     return cpu / age, rss / 1024, age
 
 
-def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops():
+def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops(inv, tmp_path_factory):
     """The fleet's Prometheus (role llama_monitoring, Debian's package on the gateway host, from site.yml): every
     instance is a target that is up (scraped with its API key), each instance's MTP acceptance is a series after a
     few completions, the speed gate's figures are its baselines, and stopping one instance fires LlamaInstanceDown
     for it within its window (the sandbox: 15 s, scraped every 5 s). Real parts: Prometheus, llama-server's own
     /metrics, HAProxy's exporter."""
+
+    # a run with its monitoring stage: tests 6 and 6b's failed converges marked their canary not as declared
+    ok(play("site.yml", inv, tmp_path_factory, gateway=True), "site.yml with its gateway and monitoring stages")
 
     def targets():
         return {(t["labels"].get("host"), t["labels"]["job"]): t["health"] for t in _prom("/targets")["activeTargets"]}
