@@ -369,7 +369,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances imp
     context_problems,
     memory_problems,
 )
-from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import PlanError, plan
+from ansible_collections.llamafleet.mtp.plugins.module_utils.tensor_plan import SETTINGS_DEFAULTS, PlanError, plan
 
 
 def main() -> None:
@@ -380,15 +380,15 @@ def main() -> None:
             "context": {"type": "int"},
             "cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
             "cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
-            "parallel": {"type": "int", "default": 1},
+            "parallel": {"type": "int", "default": SETTINGS_DEFAULTS["parallel"]},
             "kv_unified": {"type": "bool", "default": False},
             "mtp": {"type": "bool"},
-            "draft_n_max": {"type": "int", "default": 2},
+            "draft_n_max": {"type": "int", "default": SETTINGS_DEFAULTS["draft_n_max"]},
             "draft_cache_type_k": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
             "draft_cache_type_v": {"type": "str", "default": "f16", "choices": CACHE_TYPES},
-            "reserve_mib": {"type": "int", "default": 1024},
+            "reserve_mib": {"type": "int", "default": SETTINGS_DEFAULTS["reserve_mib"]},
             "compute_buffer_mib": {"type": "int"},
-            "cuda_context_mib": {"type": "int", "default": 512},
+            "cuda_context_mib": {"type": "int", "default": SETTINGS_DEFAULTS["cuda_context_mib"]},
             "devices": {"type": "list", "elements": "int"},
             "max_gpus": {"type": "int"},
             "replicas": {"type": "raw", "default": 1},
