@@ -13,8 +13,6 @@ import itertools
 import math
 import statistics
 
-from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics  # noqa: F401  (re-exported)
-
 SPEC_DRAFT = "llamacpp:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts_total"

@@ -9,6 +9,8 @@ a text table. Nothing here reaches a host.
 
 from __future__ import annotations
 
+import math
+
 SPEC_DRAFT = "llamacpp:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 TOKENS = "llamacpp:tokens_predicted_total"
@@ -46,7 +48,7 @@ def _num(value):
         out = float(value)
     except (TypeError, ValueError):
         return None
-    return out if out == out and out not in (float("inf"), float("-inf")) else None  # NaN and inf: no figure
+    return out if math.isfinite(out) else None  # NaN and inf: no figure
 
 
 def prometheus_figures(result):
@@ -90,7 +92,7 @@ def _declared(declared, commit, ref_commit):
 
 
 def _host_row(host, **fields):
-    row = dict.fromkeys(k for k, _ in COLUMNS)
+    row = dict.fromkeys(k for k, _h in COLUMNS)
     row.update(
         host=host, instance=None, reachable=True, matches_declared=False, declared="unknown", declared_reasons=[]
     )
@@ -225,8 +227,8 @@ def _texts(row):
 
 def render(rows, notes=None):
     """The rows as a text table (one line per row, '-' for what is not known), then a line per note."""
-    table = [[h for _, h in COLUMNS]] + [
-        ["-" if r.get(k) in (None, "") else str(r[k]) for k, _ in COLUMNS] for r in rows
+    table = [[h for _k, h in COLUMNS]] + [
+        ["-" if r.get(k) in (None, "") else str(r[k]) for k, _h in COLUMNS] for r in rows
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]

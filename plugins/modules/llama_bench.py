@@ -164,9 +164,9 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import 
     BenchError,
     completion_sample,
     metrics_delta,
-    parse_metrics,
     summarize,
 )
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
 

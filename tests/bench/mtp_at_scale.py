@@ -29,6 +29,7 @@ from pathlib import Path
 from ansible_collections.llamafleet.mtp.plugins.module_utils import llama_bench as lb
 from ansible_collections.llamafleet.mtp.plugins.module_utils import roofline as rl
 from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import gguf_info
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 
 from tests.harness.gguf import make_models as mm
 
@@ -45,7 +46,7 @@ def post(port, path, body, timeout=1800):
 
 def metrics(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        return lb.parse_metrics(r.read().decode())
+        return parse_metrics(r.read().decode())
 
 
 FLAGS = {

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils import llama_bench as lb
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 
 from tests.harness.gguf import make_models as mm
 
@@ -30,7 +31,7 @@ def post(port, path, body):
 
 def metrics(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return lb.parse_metrics(r.read().decode())
+        return parse_metrics(r.read().decode())
 
 
 def measure(server, model, label, n_max, port, out):

@@ -8,10 +8,10 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import 
     compare,
     completion_sample,
     metrics_delta,
-    parse_metrics,
     summarize,
     table,
 )
+from ansible_collections.llamafleet.mtp.plugins.module_utils.metrics_text import parse_metrics
 
 # Shape of llama-server's /metrics (server-task.cpp): HELP/TYPE lines, labelled per-position counters.
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
