@@ -895,12 +895,8 @@ def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops(inv, tm
 
     want = [(H1, "llama"), (H2, "llama"), (None, "llama-gateway"), (None, "prometheus")]
     _until("every instance, the gateway and Prometheus up", lambda: all(targets().get(k) == "up" for k in want))
-    bearer = {"Authorization": f"Bearer {api_key()}", "Content-Type": "application/json"}
     for h in HOSTS:
-        for _ in range(3):
-            body = json.dumps({"prompt": "The lighthouse keeper", "n_predict": 16, "temperature": 0}).encode()
-            req = urllib.request.Request(f"http://{container_ip(h)}:8080/completion", data=body, headers=bearer)
-            urllib.request.urlopen(req, timeout=60).read()
+        _complete(h, 3)
 
     def acceptance():
         res = _prom("/query?query=llamafleet:instance_mtp_acceptance:ratio_rate5m")["result"]
@@ -935,6 +931,15 @@ def test_10b_prometheus_watches_every_instance_and_alerts_when_one_stops(inv, tm
     )
 
 
+def _complete(host, n):
+    """n short completions at temperature 0 straight to the host's instance (with the fleet's API key)."""
+    bearer = {"Authorization": f"Bearer {api_key()}", "Content-Type": "application/json"}
+    for _ in range(n):
+        body = json.dumps({"prompt": "The lighthouse keeper", "n_predict": 16, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://{container_ip(host)}:8080/completion", data=body, headers=bearer)
+        urllib.request.urlopen(req, timeout=60).read()
+
+
 def _status_rows(run):
     """The rows status.yml computed (its set_fact event), host -> row (one instance per sandbox host)."""
     (res,) = [
@@ -947,10 +952,23 @@ def _status_rows(run):
 
 
 def test_10c_status_shows_every_instance_as_it_serves(inv, tmp_path_factory, tmp_path):
-    """playbooks/status.yml after 10b's completions: one row per instance with what the host and the instance say
-    (build and MTP spelling from build-info, the tuned draft-n-max and slots from the environment file, the model's
+    """playbooks/status.yml after fresh completions on each instance: one row per instance with what the host and the
+    instance say (build and MTP spelling from build-info, the tuned draft-n-max and slots from the environment file, the model's
     sha256 from the file on the host, health, MTP acceptance from Prometheus equal to the instance's own counters'
     ratio), the host as declared; changed=0, and the same rows under --check; --json writes the same rows."""
+    # 10b restarted one instance (its own counters start again at 0): a few completions on each, then wait until
+    # Prometheus has scraped the counters each instance now reports, so both sources have seen the same drafts
+    drafted = "llamacpp:spec_decode_num_draft_tokens_total"
+    for h in HOSTS:
+        _complete(h, 3)
+
+    def scraped():
+        q = urllib.parse.quote(drafted)
+        got = {r["metric"].get("host"): float(r["value"][1]) for r in _prom(f"/query?query={q}")["result"]}
+        return all(got.get(h) == _instance_metrics(h)[drafted] > 0 for h in HOSTS)
+
+    _until("Prometheus has scraped each instance's latest drafts", scraped, every=2.0)
+    time.sleep(6)  # one evaluation of the recording rules after that scrape (5 s)
     dest = tmp_path / "status.json"
     run = ok(
         play("playbooks/status.yml", inv, tmp_path_factory,
@@ -973,8 +991,8 @@ def test_10c_status_shows_every_instance_as_it_serves(inv, tmp_path_factory, tmp
         assert r["url"].endswith(":8080"), r["url"]
         assert r["source"] == "prometheus" and r["slots_busy"] == 0, r
         own = _instance_metrics(h)
-        drafted = own["llamacpp:spec_decode_num_draft_tokens_total"]
-        assert abs(r["acceptance"] - own["llamacpp:spec_decode_num_accepted_tokens_total"] / drafted) < 0.05, (r, own)
+        ratio = own["llamacpp:spec_decode_num_accepted_tokens_total"] / own[drafted]
+        assert abs(r["acceptance"] - ratio) < 0.05, (r, own)
     check = ok(play("playbooks/status.yml", inv, tmp_path_factory, check=True), "status.yml --check")
     assert all(check.changed(h) == 0 for h in (*HOSTS, GATEWAY))
     assert {h: (r["health"], r["declared"]) for h, r in _status_rows(check).items()} == {
