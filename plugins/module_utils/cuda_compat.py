@@ -514,6 +514,375 @@ def _headers_ok(policy: dict | None) -> bool:
     return bool(policy and (policy.get("installed") or policy.get("candidate")))
 
 
+def _requested_version(version, source: str, package_version: str, driver_min_branch: int) -> tuple[int, int]:
+    """The requested toolkit as (major, minor), or CudaInputError when the request itself is unusable."""
+    if source not in SOURCES:
+        raise CudaInputError(f"cuda_toolkit_source={source!r} must be one of {', '.join(SOURCES)}")
+    want = parse_version(version)
+    if want < MIN_SUPPORTED:
+        raise CudaInputError(f"CUDA {vstr(want)} is older than this role supports ({vstr(MIN_SUPPORTED)}+)")
+    if want <= newest_known() and not is_released(want):
+        raise CudaInputError(f"CUDA {vstr(want)} was never released; pick one of 12.6, 12.8, 12.9, 13.x")
+    if package_version and source != "nvidia":
+        raise CudaInputError("cuda_toolkit_package_version only applies to cuda_toolkit_source: nvidia")
+    if package_version and not package_version.startswith(f"{vstr(want)}."):
+        raise CudaInputError(
+            f"cuda_toolkit_package_version={package_version!r} does not belong to CUDA {vstr(want)} "
+            f"(e.g. {vstr(want)}.1-1)"
+        )
+    if driver_min_branch and int(driver_min_branch) < 0:
+        raise CudaInputError("cuda_toolkit_driver_min_branch must be 0 (from the toolkit) or a branch like 570")
+    return want
+
+
+def _new_result(host: str, want: tuple[int, int], source: str, gpus: list[dict], warnings: list[str]) -> dict:
+    """The plan before any decision: the request, the GPUs and what the tables say about the toolkit."""
+    return {
+        "host": host,
+        "version": vstr(want),
+        "source": source,
+        "action": None,
+        "skipped": False,
+        "reason": None,
+        "gpus": [
+            {"index": g.get("index"), "name": g.get("name"), "compute_capability": g.get("compute_capability")}
+            for g in gpus
+        ],
+        "toolkit": {
+            "known": is_released(want),
+            "architectures": toolkit_architectures(want),
+            "min_driver": min_driver(want),
+            "known_bad": None,
+        },
+        "installed": None,
+        "found": [],
+        "repo": None,
+        "driver": None,
+        "warnings": warnings,
+    }
+
+
+def _check_known_bad(
+    want: tuple[int, int], known_bad: dict | None, allow_known_bad: bool, toolkit: dict
+) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for a toolkit on the known-bad list; records the entry in ``toolkit``."""
+    refusals, warnings = [], []
+    bad = dict(KNOWN_BAD)
+    bad.update({str(k): str(v) for k, v in (known_bad or {}).items()})
+    if vstr(want) in bad:
+        toolkit["known_bad"] = bad[vstr(want)]
+        if allow_known_bad:
+            warnings.append(f"CUDA {vstr(want)} is on the known-bad list (allowed): {bad[vstr(want)]}")
+        else:
+            refusals.append(
+                f"CUDA {vstr(want)} is on the known-bad list: {bad[vstr(want)]} "
+                "(cuda_toolkit_allow_known_bad: true overrides)"
+            )
+    return refusals, warnings
+
+
+def _find_installed(result: dict, want: tuple[int, int], prefix: str, nvcc_seen: dict) -> list[str]:
+    """Fill in every toolkit nvcc reports under the candidate prefixes (found) and the first of the
+    requested version (installed); warnings for nvcc outputs that cannot be read."""
+    warnings = []
+    for pfx in nvcc_candidates(want, result["source"], prefix):
+        seen = nvcc_seen.get(pfx)
+        if not seen or not seen.get("version_output"):
+            continue
+        try:
+            info = parse_nvcc_version(seen["version_output"])
+        except CudaInputError as e:
+            warnings.append(f"{pfx}/bin/nvcc: {e}")
+            continue
+        archs = parse_nvcc_arch_list(seen.get("arch_output") or "")
+        entry = {
+            "version": info["version"],
+            "release": info["release"],
+            "prefix": pfx,
+            "nvcc": f"{pfx.rstrip('/')}/bin/nvcc",
+            "architectures": archs or toolkit_architectures(parse_version(info["version"])),
+            "architectures_source": "nvcc" if archs else "table",
+        }
+        result["found"].append(entry)
+        if info["version"] == vstr(want) and result["installed"] is None:
+            result["installed"] = entry
+    return warnings
+
+
+def _check_gpus_present(
+    result: dict,
+    want: tuple[int, int],
+    gpus: list[dict],
+    no_gpus: bool,
+    pci: int | None,
+    require_gpus: bool,
+    install_without_gpus: bool,
+    driver_manage: bool,
+) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the host's GPUs; a host without a working one is marked skipped
+    unless something asks to go on (require_gpus refuses it instead)."""
+    if not no_gpus:
+        return check_gpus(want, gpus)
+    why = "no NVIDIA GPU (gpu_facts.count is 0)"
+    if pci:
+        why = f"{pci} NVIDIA GPU(s) on the PCI bus but no working driver (nvidia-smi missing or failing)" + (
+            "" if driver_manage else "; install the driver or set cuda_toolkit_driver_manage: true"
+        )
+    if require_gpus:
+        return [f"cuda_toolkit_require_gpus is true but this host has {why}"], []
+    if not install_without_gpus and not (pci and driver_manage):
+        result.update(action="skip", skipped=True, reason=why)
+    return [], []
+
+
+def _driver_state(
+    want: tuple[int, int], facts: dict, driver_min_branch: int, no_gpus: bool, driver_manage: bool, kernel: str
+) -> tuple[dict, list[str], list[str]]:
+    """(driver, too_old, warnings): the plan's driver entry, why the driver is too old for the toolkit
+    (empty when new enough or absent), and a warning when its version is unknown."""
+    drv_version = facts.get("driver_version")
+    branch = driver_branch(drv_version)
+    drv_cuda = parse_cc(facts.get("cuda_driver_version"))  # same X.Y shape
+    table_min = min_driver(want)
+    if want > newest_known():
+        table_min = None
+    min_branch = int(driver_min_branch or 0) or (driver_branch(table_min) if table_min else None)
+    too_old, warnings = [], []
+    if not no_gpus:
+        if drv_cuda is not None and drv_cuda < want:
+            too_old.append(f"its CUDA version is {vstr(drv_cuda)} < {vstr(want)}")
+        if branch is not None and min_branch and branch < min_branch:
+            too_old.append(f"branch {branch} < {min_branch}")
+        if drv_cuda is None and branch is None:
+            warnings.append("driver version unknown: the driver/toolkit match is not checked")
+    driver = {
+        "present": not no_gpus,
+        "version": drv_version,
+        "branch": branch,
+        "cuda_version": facts.get("cuda_driver_version"),
+        "min_branch": min_branch,
+        "min_version": table_min,
+        "new_enough": None if no_gpus else not too_old,
+        "manage": bool(driver_manage),
+        "action": "none",
+        "packages": [],
+        "headers_package": f"linux-headers-{kernel}" if kernel else None,
+        "headers_available": None,
+    }
+    return driver, too_old, warnings
+
+
+def _driver_too_old_refusal(want: tuple[int, int], driver: dict, too_old: list[str]) -> str:
+    """The refusal for a too old driver the role may not upgrade: both numbers and the fixes."""
+    min_branch, table_min = driver["min_branch"], driver["min_version"]
+    fix_target = f"branch >= {min_branch}" + (f" ({table_min} or newer)" if table_min else "")
+    if not min_branch:
+        fix_target = f"whose nvidia-smi reports CUDA Version >= {vstr(want)}"
+    drv_cuda = parse_cc(driver["cuda_version"])
+    newest = newest_toolkit_for_driver(drv_cuda) if drv_cuda else None
+    return (
+        f"the driver {driver['version']} is too old for CUDA {vstr(want)}: {' and '.join(too_old)}. Fix: install a "
+        f"driver {fix_target} (or set cuda_toolkit_driver_manage: true)"
+        + (f", or request cuda_toolkit_version <= {vstr(newest)}" if newest else "")
+    )
+
+
+def _plan_driver_install(
+    want: tuple[int, int], driver: dict, source: str, dist_id: str, driver_packages, headers, kernel: str
+) -> list[str]:
+    """Fill in the driver install or upgrade the role does; refusals when it cannot (branch unknown,
+    no packages, no kernel headers)."""
+    refusals = []
+    min_branch = driver["min_branch"]
+    if not min_branch:
+        refusals.append(
+            f"cuda_toolkit_driver_manage is true but the driver branch for CUDA {vstr(want)} is not in this "
+            "role's table: set cuda_toolkit_driver_min_branch"
+        )
+    pkgs = list(driver_packages or []) or default_driver_packages(source, dist_id, min_branch or 0)
+    if not pkgs:
+        refusals.append(
+            "cuda_toolkit_driver_manage is true with cuda_toolkit_source: none: set cuda_toolkit_driver_packages"
+        )
+    driver["packages"] = pkgs
+    driver["action"] = "upgrade" if driver["present"] else "install"
+    driver["headers_available"] = _headers_ok(parse_apt_policy(headers) if isinstance(headers, str) else headers)
+    if not driver["headers_available"]:
+        refusals.append(
+            f"the driver must be built for the running kernel {kernel or '?'}, but {driver['headers_package']} is "
+            "neither installed nor available from apt (kernel upgraded without a reboot, or a custom kernel): "
+            "reboot into a kernel with headers available, or install them, then rerun"
+        )
+    return refusals
+
+
+def _check_driver(
+    result: dict,
+    want: tuple[int, int],
+    facts: dict,
+    no_gpus: bool,
+    observed: dict,
+    distribution: str,
+    manage: bool,
+    min_branch: int,
+    packages,
+    kernel: str,
+) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the host's driver and the toolkit; fills in the plan's driver entry,
+    with the install or upgrade when cuda_toolkit_driver_manage lets the role do it."""
+    driver, too_old, warnings = _driver_state(want, facts, min_branch, no_gpus, manage, kernel)
+    result["driver"] = driver
+    refusals = []
+    if too_old and not manage:
+        refusals.append(_driver_too_old_refusal(want, driver, too_old))
+    if manage and ((too_old and not no_gpus) or (no_gpus and observed.get("pci_nvidia"))):
+        dist_id = (distribution or "").strip().lower()
+        headers = observed.get("headers_policy")
+        refusals += _plan_driver_install(want, driver, result["source"], dist_id, packages, headers, kernel)
+    if driver["new_enough"] is False and manage:
+        warnings.append(
+            f"the driver {driver['version']} is too old for CUDA {vstr(want)} ({' and '.join(too_old)}): "
+            "it will be upgraded; the new driver is used after a reboot"
+        )
+    return refusals, warnings
+
+
+def _plan_nvidia_source(
+    result: dict,
+    want: tuple[int, int],
+    repo_args: tuple,
+    base_url: str,
+    keyring: tuple,
+    package_version: str,
+    prefix: str,
+) -> list[str]:
+    """Fill in NVIDIA's repository (repo_args: nvidia_repo_path's; keyring: wanted, installed version) and
+    the toolkit package; warnings. No repository is an error unless the host is skipped or has the toolkit."""
+    keyring_version, keyring_installed = keyring
+    warnings = []
+    try:
+        repo = nvidia_repo_path(*repo_args)
+        result["repo"] = nvidia_repo(base_url, repo, keyring_version)
+    except CudaInputError as e:
+        if not result["skipped"] and result["installed"] is None:
+            raise
+        result["repo"] = None
+        warnings.append(str(e))
+    if result["repo"] is not None:
+        result["repo"]["keyring_installed"] = keyring_installed
+        result["repo"]["keyring_action"] = (
+            "keep" if keyring_installed and deb_version_compare(keyring_installed, keyring_version) >= 0 else "install"
+        )
+    result["toolkit"]["package"] = toolkit_package(want, package_version)
+    result["toolkit"]["package_name"] = toolkit_package(want)
+    result["toolkit"]["prefix"] = prefix or f"/usr/local/cuda-{vstr(want)}"
+    return warnings
+
+
+def _plan_distro_source(
+    result: dict,
+    want: tuple[int, int],
+    dist: tuple,
+    architecture: str,
+    distro_mirror: str,
+    policy,
+    prefix: str,
+) -> tuple[list[str], list[str]]:
+    """Fill in the distribution's toolkit package and sources (dist: name, version, release); (refusals,
+    warnings) when it is not Debian or Ubuntu, or ships another CUDA than requested."""
+    refusals, warnings = [], []
+    distribution, distribution_version, distribution_release = dist
+    dist_id = (distribution or "").strip().lower()
+    dist_version = str(distribution_version or "")
+    dist_key = (dist_id, dist_version if dist_id == "ubuntu" else dist_version.split(".", maxsplit=1)[0])
+    pol = parse_apt_policy(policy) if isinstance(policy, str) else (policy or {"installed": None, "candidate": None})
+    cand = pol.get("candidate")
+    ships = distro_package_toolkit(cand) or DISTRO_TOOLKITS.get(dist_key)
+    result["repo"] = {
+        "package": DISTRO_PACKAGE,
+        "candidate": cand,
+        "ships": vstr(ships) if ships else None,
+        "enable_components": cand is None,
+        "components": DISTRO_COMPONENTS.get(dist_id, []),
+        "source_file": "/etc/apt/sources.list.d/cuda-toolkit-distro.sources",
+        "sources": None,
+    }
+    if dist_id in DISTRO_COMPONENTS and distribution_release:
+        mirror = distro_mirror or _default_distro_mirror(dist_id, architecture)
+        result["repo"]["sources"] = render_deb822(
+            mirror,
+            [distribution_release, f"{distribution_release}-updates"],
+            DISTRO_COMPONENTS[dist_id],
+            DISTRO_KEYRINGS[dist_id],
+        )
+    elif dist_id not in DISTRO_COMPONENTS and not result["skipped"]:
+        refusals.append(f"cuda_toolkit_source: distro supports Debian and Ubuntu, not {distribution}")
+    if ships is None and dist_id in DISTRO_COMPONENTS:
+        warnings.append(f"{distribution} {distribution_version}: which CUDA its {DISTRO_PACKAGE} ships is unknown")
+    elif ships is not None and ships != want and result["installed"] is None and not result["skipped"]:
+        refusals.append(
+            f"{distribution} {distribution_version} ships CUDA {vstr(ships)} ({DISTRO_PACKAGE} "
+            f"{cand or 'from its table'}), not {vstr(want)}: set cuda_toolkit_version: '{vstr(ships)}' "
+            "or use cuda_toolkit_source: nvidia"
+        )
+    result["toolkit"]["package"] = [DISTRO_PACKAGE, DISTRO_HOST_COMPILER_PACKAGE]
+    result["toolkit"]["package_name"] = DISTRO_PACKAGE
+    result["toolkit"]["prefix"] = prefix or "/usr"
+    return refusals, warnings
+
+
+def _plan_preinstalled(result: dict, want: tuple[int, int], source: str, prefix: str) -> list[str]:
+    """Fill in a preinstalled toolkit (cuda_toolkit_source: none); refusals when it is missing."""
+    result["toolkit"]["package"] = None
+    result["toolkit"]["package_name"] = None
+    result["toolkit"]["prefix"] = prefix or f"/usr/local/cuda-{vstr(want)}"
+    if result["installed"] is None and not result["skipped"]:
+        found = ", ".join(f"CUDA {f['version']} at {f['prefix']}" for f in result["found"]) or "no nvcc"
+        return [
+            f"cuda_toolkit_source is none (preinstalled) but CUDA {vstr(want)} is not installed: looked under "
+            f"{', '.join(nvcc_candidates(want, source, prefix))}, found {found}. Install it, set "
+            "cuda_toolkit_prefix, or use cuda_toolkit_source: nvidia"
+        ]
+    return []
+
+
+def _refusal_message(result: dict, want: tuple[int, int], facts: dict, refusals: list[str]) -> str:
+    """The message of a refusal: the request, the host's GPUs and driver, then every reason numbered."""
+    drv_version = facts.get("driver_version")
+    gpu_text = ", ".join(f"{g['name']} ({g['compute_capability']})" for g in result["gpus"]) or "no GPUs"
+    drv_text = f"driver {drv_version}, CUDA {facts.get('cuda_driver_version')}" if drv_version else "no driver"
+    return (
+        f"cuda_toolkit refuses CUDA {vstr(want)} (source {result['source']}) on {result['host']} [{gpu_text}; "
+        f"{drv_text}] before changing anything: " + " | ".join(f"({i}) {r}" for i, r in enumerate(refusals, 1))
+    )
+
+
+def _newer_than_tables(want: tuple[int, int]) -> list[str]:
+    """The warning for a toolkit newer than this module's tables (their newest row is assumed)."""
+    if want > newest_known():
+        return [
+            f"CUDA {vstr(want)} is newer than this role's tables ({vstr(newest_known())}): architectures and the "
+            "driver minimum are assumed from the newest known release"
+        ]
+    return []
+
+
+def _gather(refusals: list[str], warnings: list[str], found: tuple[list[str], list[str]]) -> None:
+    """Append one stage's (refusals, warnings) to the plan's, in order."""
+    refusals += found[0]
+    warnings += found[1]
+
+
+def _decide_action(result: dict) -> list[str]:
+    """Set the action of a plan that is neither skipped nor refused (present or install); warnings."""
+    matching = result["installed"]
+    result["action"] = "present" if matching else "install"
+    if matching is None and result["found"]:
+        others = ", ".join(f"{f['version']} at {f['prefix']}" for f in result["found"])
+        return [f"other CUDA toolkits found ({others}); they are left alone"]
+    return []
+
+
 def plan(
     *,
     host: str,
@@ -549,268 +918,40 @@ def plan(
     pci_nvidia: NVIDIA GPUs on the PCI bus (int) or None.
     """
     observed = observed or {}
-    if source not in SOURCES:
-        raise CudaInputError(f"cuda_toolkit_source={source!r} must be one of {', '.join(SOURCES)}")
-    want = parse_version(version)
-    if want < MIN_SUPPORTED:
-        raise CudaInputError(f"CUDA {vstr(want)} is older than this role supports ({vstr(MIN_SUPPORTED)}+)")
-    if want <= newest_known() and not is_released(want):
-        raise CudaInputError(f"CUDA {vstr(want)} was never released; pick one of 12.6, 12.8, 12.9, 13.x")
-    if package_version and source != "nvidia":
-        raise CudaInputError("cuda_toolkit_package_version only applies to cuda_toolkit_source: nvidia")
-    if package_version and not package_version.startswith(f"{vstr(want)}."):
-        raise CudaInputError(
-            f"cuda_toolkit_package_version={package_version!r} does not belong to CUDA {vstr(want)} "
-            f"(e.g. {vstr(want)}.1-1)"
-        )
-    if driver_min_branch and int(driver_min_branch) < 0:
-        raise CudaInputError("cuda_toolkit_driver_min_branch must be 0 (from the toolkit) or a branch like 570")
-
+    want = _requested_version(version, source, package_version, driver_min_branch)
     facts = gpu_facts or {}
     gpus = list(facts.get("gpus") or [])
-    count = int(facts.get("count") or len(gpus))
-    pci = observed.get("pci_nvidia")
+    no_gpus = int(facts.get("count") or len(gpus)) == 0
     warnings: list[str] = []
     refusals: list[str] = []
-    dist_id = (distribution or "").strip().lower()
-    dist_version = str(distribution_version or "")
-    dist_key = (dist_id, dist_version if dist_id == "ubuntu" else dist_version.split(".", maxsplit=1)[0])
-
-    result = {
-        "host": host,
-        "version": vstr(want),
-        "source": source,
-        "action": None,
-        "skipped": False,
-        "reason": None,
-        "gpus": [
-            {"index": g.get("index"), "name": g.get("name"), "compute_capability": g.get("compute_capability")}
-            for g in gpus
-        ],
-        "toolkit": {
-            "known": is_released(want),
-            "architectures": toolkit_architectures(want),
-            "min_driver": min_driver(want),
-            "known_bad": None,
-        },
-        "installed": None,
-        "found": [],
-        "repo": None,
-        "driver": None,
-        "warnings": warnings,
-    }
-    if want > newest_known():
-        warnings.append(
-            f"CUDA {vstr(want)} is newer than this role's tables ({vstr(newest_known())}): architectures and the "
-            "driver minimum are assumed from the newest known release"
-        )
-
-    # Known-bad list.
-    bad = dict(KNOWN_BAD)
-    bad.update({str(k): str(v) for k, v in (known_bad or {}).items()})
-    if vstr(want) in bad:
-        result["toolkit"]["known_bad"] = bad[vstr(want)]
-        if allow_known_bad:
-            warnings.append(f"CUDA {vstr(want)} is on the known-bad list (allowed): {bad[vstr(want)]}")
-        else:
-            refusals.append(
-                f"CUDA {vstr(want)} is on the known-bad list: {bad[vstr(want)]} "
-                "(cuda_toolkit_allow_known_bad: true overrides)"
-            )
-
-    # Installed toolkits (what nvcc says under each candidate prefix).
-    matching = None
-    for pfx in nvcc_candidates(want, source, prefix):
-        seen = (observed.get("nvcc") or {}).get(pfx)
-        if not seen or not seen.get("version_output"):
-            continue
-        try:
-            info = parse_nvcc_version(seen["version_output"])
-        except CudaInputError as e:
-            warnings.append(f"{pfx}/bin/nvcc: {e}")
-            continue
-        archs = parse_nvcc_arch_list(seen.get("arch_output") or "")
-        entry = {
-            "version": info["version"],
-            "release": info["release"],
-            "prefix": pfx,
-            "nvcc": f"{pfx.rstrip('/')}/bin/nvcc",
-            "architectures": archs or toolkit_architectures(parse_version(info["version"])),
-            "architectures_source": "nvcc" if archs else "table",
-        }
-        result["found"].append(entry)
-        if info["version"] == vstr(want) and matching is None:
-            matching = entry
-    result["installed"] = matching
-
-    # GPUs.
-    no_gpus = count == 0
-    if no_gpus:
-        why = "no NVIDIA GPU (gpu_facts.count is 0)"
-        if pci:
-            why = f"{pci} NVIDIA GPU(s) on the PCI bus but no working driver (nvidia-smi missing or failing)" + (
-                "" if driver_manage else "; install the driver or set cuda_toolkit_driver_manage: true"
-            )
-        if require_gpus:
-            refusals.append(f"cuda_toolkit_require_gpus is true but this host has {why}")
-        elif not install_without_gpus and not (pci and driver_manage):
-            result.update(action="skip", skipped=True, reason=why)
-    else:
-        r, w = check_gpus(want, gpus)
-        refusals += r
-        warnings += w
-
-    # Driver.
-    drv_version = facts.get("driver_version")
-    branch = driver_branch(drv_version)
-    drv_cuda = parse_cc(facts.get("cuda_driver_version"))  # same X.Y shape
-    table_min = min_driver(want)
-    if want > newest_known():
-        table_min = None
-    min_branch = int(driver_min_branch or 0) or (driver_branch(table_min) if table_min else None)
-    too_old = []
-    if not no_gpus:
-        if drv_cuda is not None and drv_cuda < want:
-            too_old.append(f"its CUDA version is {vstr(drv_cuda)} < {vstr(want)}")
-        if branch is not None and min_branch and branch < min_branch:
-            too_old.append(f"branch {branch} < {min_branch}")
-        if drv_cuda is None and branch is None:
-            warnings.append("driver version unknown: the driver/toolkit match is not checked")
-    new_enough = None if no_gpus else not too_old
-    driver = {
-        "present": not no_gpus,
-        "version": drv_version,
-        "branch": branch,
-        "cuda_version": facts.get("cuda_driver_version"),
-        "min_branch": min_branch,
-        "min_version": table_min,
-        "new_enough": new_enough,
-        "manage": bool(driver_manage),
-        "action": "none",
-        "packages": [],
-        "headers_package": f"linux-headers-{kernel}" if kernel else None,
-        "headers_available": None,
-    }
-    result["driver"] = driver
-    fix_target = f"branch >= {min_branch}" + (f" ({table_min} or newer)" if table_min else "")
-    if not min_branch:
-        fix_target = f"whose nvidia-smi reports CUDA Version >= {vstr(want)}"
-    if too_old and not driver_manage:
-        newest = newest_toolkit_for_driver(drv_cuda) if drv_cuda else None
-        refusals.append(
-            f"the driver {drv_version} is too old for CUDA {vstr(want)}: {' and '.join(too_old)}. Fix: install a "
-            f"driver {fix_target} (or set cuda_toolkit_driver_manage: true)"
-            + (f", or request cuda_toolkit_version <= {vstr(newest)}" if newest else "")
-        )
-    need_driver = driver_manage and ((too_old and not no_gpus) or (no_gpus and pci))
-    if need_driver:
-        if not min_branch:
-            refusals.append(
-                f"cuda_toolkit_driver_manage is true but the driver branch for CUDA {vstr(want)} is not in this "
-                "role's table: set cuda_toolkit_driver_min_branch"
-            )
-        pkgs = list(driver_packages or []) or default_driver_packages(source, dist_id, min_branch or 0)
-        if not pkgs:
-            refusals.append(
-                "cuda_toolkit_driver_manage is true with cuda_toolkit_source: none: set cuda_toolkit_driver_packages"
-            )
-        driver["packages"] = pkgs
-        driver["action"] = "install" if no_gpus else "upgrade"
-        headers = observed.get("headers_policy")
-        driver["headers_available"] = _headers_ok(parse_apt_policy(headers) if isinstance(headers, str) else headers)
-        if not driver["headers_available"]:
-            refusals.append(
-                f"the driver must be built for the running kernel {kernel or '?'}, but {driver['headers_package']} is "
-                "neither installed nor available from apt (kernel upgraded without a reboot, or a custom kernel): "
-                "reboot into a kernel with headers available, or install them, then rerun"
-            )
-    if new_enough is False and driver_manage:
-        warnings.append(
-            f"the driver {drv_version} is too old for CUDA {vstr(want)} ({' and '.join(too_old)}): "
-            "it will be upgraded; the new driver is used after a reboot"
-        )
-
-    # Source specifics.
+    result = _new_result(host, want, source, gpus, warnings)
+    warnings += _newer_than_tables(want)
+    _gather(refusals, warnings, _check_known_bad(want, known_bad, allow_known_bad, result["toolkit"]))
+    warnings += _find_installed(result, want, prefix, observed.get("nvcc") or {})
+    pci = observed.get("pci_nvidia")
+    found = _check_gpus_present(result, want, gpus, no_gpus, pci, require_gpus, install_without_gpus, driver_manage)
+    _gather(refusals, warnings, found)
+    found = _check_driver(
+        result, want, facts, no_gpus, observed, distribution, driver_manage, driver_min_branch, driver_packages, kernel
+    )
+    _gather(refusals, warnings, found)
     if source == "nvidia":
-        try:
-            repo = nvidia_repo_path(distribution, distribution_version, architecture, repo_distro, repo_arch)
-            result["repo"] = nvidia_repo(base_url, repo, keyring_version)
-        except CudaInputError as e:
-            if not result["skipped"] and matching is None:
-                raise
-            result["repo"] = None
-            warnings.append(str(e))
-        if result["repo"] is not None:
-            installed_kr = observed.get("keyring_installed")
-            result["repo"]["keyring_installed"] = installed_kr
-            result["repo"]["keyring_action"] = (
-                "keep" if installed_kr and deb_version_compare(installed_kr, keyring_version) >= 0 else "install"
-            )
-        result["toolkit"]["package"] = toolkit_package(want, package_version)
-        result["toolkit"]["package_name"] = toolkit_package(want)
-        result["toolkit"]["prefix"] = prefix or f"/usr/local/cuda-{vstr(want)}"
+        repo_args = (distribution, distribution_version, architecture, repo_distro, repo_arch)
+        keyring = (keyring_version, observed.get("keyring_installed"))
+        warnings += _plan_nvidia_source(result, want, repo_args, base_url, keyring, package_version, prefix)
     elif source == "distro":
-        pol = observed.get("distro_policy")
-        pol = parse_apt_policy(pol) if isinstance(pol, str) else (pol or {"installed": None, "candidate": None})
-        cand = pol.get("candidate")
-        ships = distro_package_toolkit(cand) or DISTRO_TOOLKITS.get(dist_key)
-        result["repo"] = {
-            "package": DISTRO_PACKAGE,
-            "candidate": cand,
-            "ships": vstr(ships) if ships else None,
-            "enable_components": cand is None,
-            "components": DISTRO_COMPONENTS.get(dist_id, []),
-            "source_file": "/etc/apt/sources.list.d/cuda-toolkit-distro.sources",
-            "sources": None,
-        }
-        if dist_id in DISTRO_COMPONENTS and distribution_release:
-            mirror = distro_mirror or _default_distro_mirror(dist_id, architecture)
-            result["repo"]["sources"] = render_deb822(
-                mirror,
-                [distribution_release, f"{distribution_release}-updates"],
-                DISTRO_COMPONENTS[dist_id],
-                DISTRO_KEYRINGS[dist_id],
-            )
-        elif dist_id not in DISTRO_COMPONENTS and not result["skipped"]:
-            refusals.append(f"cuda_toolkit_source: distro supports Debian and Ubuntu, not {distribution}")
-        if ships is None and dist_id in DISTRO_COMPONENTS:
-            warnings.append(f"{distribution} {distribution_version}: which CUDA its {DISTRO_PACKAGE} ships is unknown")
-        elif ships is not None and ships != want and matching is None and not result["skipped"]:
-            refusals.append(
-                f"{distribution} {distribution_version} ships CUDA {vstr(ships)} ({DISTRO_PACKAGE} "
-                f"{cand or 'from its table'}), not {vstr(want)}: set cuda_toolkit_version: '{vstr(ships)}' "
-                "or use cuda_toolkit_source: nvidia"
-            )
-        result["toolkit"]["package"] = [DISTRO_PACKAGE, DISTRO_HOST_COMPILER_PACKAGE]
-        result["toolkit"]["package_name"] = DISTRO_PACKAGE
-        result["toolkit"]["prefix"] = prefix or "/usr"
+        dist = (distribution, distribution_version, distribution_release)
+        policy = observed.get("distro_policy")
+        found = _plan_distro_source(result, want, dist, architecture, distro_mirror, policy, prefix)
+        _gather(refusals, warnings, found)
     else:
-        result["toolkit"]["package"] = None
-        result["toolkit"]["package_name"] = None
-        result["toolkit"]["prefix"] = prefix or f"/usr/local/cuda-{vstr(want)}"
-        if matching is None and not result["skipped"]:
-            found = ", ".join(f"CUDA {f['version']} at {f['prefix']}" for f in result["found"]) or "no nvcc"
-            refusals.append(
-                f"cuda_toolkit_source is none (preinstalled) but CUDA {vstr(want)} is not installed: looked under "
-                f"{', '.join(nvcc_candidates(want, source, prefix))}, found {found}. Install it, set "
-                "cuda_toolkit_prefix, or use cuda_toolkit_source: nvidia"
-            )
-
+        refusals += _plan_preinstalled(result, want, source, prefix)
     if refusals:
-        gpu_text = ", ".join(f"{g['name']} ({g['compute_capability']})" for g in result["gpus"]) or "no GPUs"
-        drv_text = f"driver {drv_version}, CUDA {facts.get('cuda_driver_version')}" if drv_version else "no driver"
-        message = (
-            f"cuda_toolkit refuses CUDA {vstr(want)} (source {source}) on {host} [{gpu_text}; {drv_text}] "
-            "before changing anything: " + " | ".join(f"({i}) {r}" for i, r in enumerate(refusals, 1))
-        )
+        message = _refusal_message(result, want, facts, refusals)
         result["action"] = "refuse"
         raise Refused(message, refusals, result)
-
     if result["action"] is None:
-        result["action"] = "present" if matching else "install"
-        if matching is None and result["found"]:
-            others = ", ".join(f"{f['version']} at {f['prefix']}" for f in result["found"])
-            warnings.append(f"other CUDA toolkits found ({others}); they are left alone")
+        warnings += _decide_action(result)
     return result
 
 

@@ -220,121 +220,142 @@ def read_pci(path: str) -> int | None:
     return nvidia_pci_gpus(devices)
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "host": {"type": "str", "required": True},
-            "version": {"type": "str", "required": True},
-            "source": {"type": "str", "choices": ["nvidia", "distro", "none"], "default": "nvidia"},
-            "gpu_facts": {"type": "dict", "required": True},
-            "distribution": {"type": "str", "required": True},
-            "distribution_version": {"type": "str", "required": True},
-            "distribution_release": {"type": "str", "default": ""},
-            "architecture": {"type": "str", "required": True},
-            "require_gpus": {"type": "bool", "default": False},
-            "install_without_gpus": {"type": "bool", "default": False},
-            "prefix": {"type": "str", "default": ""},
-            "package_version": {"type": "str", "default": ""},
-            "known_bad": {"type": "dict", "default": {}},
-            "allow_known_bad": {"type": "bool", "default": False},
-            "driver_manage": {"type": "bool", "default": False},
-            "driver_min_branch": {"type": "int", "default": 0},
-            "driver_packages": {"type": "list", "elements": "str", "default": []},
-            "kernel": {"type": "str", "default": ""},
-            "nvidia_repo_base_url": {
-                "type": "str",
-                "default": "https://developer.download.nvidia.com/compute/cuda/repos",
-            },
-            "nvidia_repo_distro": {"type": "str", "default": ""},
-            "nvidia_repo_arch": {"type": "str", "default": ""},
-            "keyring_version": {"type": "str", "default": "1.1-1", "no_log": False},
-            "distro_mirror": {"type": "str", "default": ""},
-            "pci_devices_dir": {"type": "path", "default": "/sys/bus/pci/devices"},
+def _argument_spec() -> dict:
+    """The module's options (DOCUMENTATION describes them)."""
+    return {
+        "host": {"type": "str", "required": True},
+        "version": {"type": "str", "required": True},
+        "source": {"type": "str", "choices": ["nvidia", "distro", "none"], "default": "nvidia"},
+        "gpu_facts": {"type": "dict", "required": True},
+        "distribution": {"type": "str", "required": True},
+        "distribution_version": {"type": "str", "required": True},
+        "distribution_release": {"type": "str", "default": ""},
+        "architecture": {"type": "str", "required": True},
+        "require_gpus": {"type": "bool", "default": False},
+        "install_without_gpus": {"type": "bool", "default": False},
+        "prefix": {"type": "str", "default": ""},
+        "package_version": {"type": "str", "default": ""},
+        "known_bad": {"type": "dict", "default": {}},
+        "allow_known_bad": {"type": "bool", "default": False},
+        "driver_manage": {"type": "bool", "default": False},
+        "driver_min_branch": {"type": "int", "default": 0},
+        "driver_packages": {"type": "list", "elements": "str", "default": []},
+        "kernel": {"type": "str", "default": ""},
+        "nvidia_repo_base_url": {
+            "type": "str",
+            "default": "https://developer.download.nvidia.com/compute/cuda/repos",
         },
-        supports_check_mode=True,
+        "nvidia_repo_distro": {"type": "str", "default": ""},
+        "nvidia_repo_arch": {"type": "str", "default": ""},
+        "keyring_version": {"type": "str", "default": "1.1-1", "no_log": False},
+        "distro_mirror": {"type": "str", "default": ""},
+        "pci_devices_dir": {"type": "path", "default": "/sys/bus/pci/devices"},
+    }
+
+
+def _run(module, argv):
+    """Run a command on the host in the C locale: (rc, stdout, stderr)."""
+    rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    return rc, out, err
+
+
+def _observe_nvcc(module, candidates: list[str]) -> dict:
+    """What nvcc --version and --list-gpu-arch say under each candidate prefix that has an nvcc."""
+    seen_by_prefix = {}
+    for prefix in candidates:
+        nvcc = os.path.join(prefix, "bin", "nvcc")
+        if not (os.path.isfile(nvcc) and os.access(nvcc, os.X_OK)):
+            continue
+        rc, out, err = _run(module, [nvcc, "--version"])
+        seen = {"version_output": out if rc == 0 else None, "arch_output": None}
+        if rc != 0:
+            module.warn(f"{nvcc} --version failed (rc {rc}): {(err or out).strip()[:200]}")
+        else:
+            rc, out, _dummy = _run(module, [nvcc, "--list-gpu-arch"])
+            seen["arch_output"] = out if rc == 0 else None
+        seen_by_prefix[prefix] = seen
+    return seen_by_prefix
+
+
+def _observe_host(module, p: dict, candidates: list[str]) -> dict:
+    """Everything plan() reads from the host: nvcc outputs, the apt policies it needs, the installed
+    cuda-keyring and, without GPUs in gpu_facts, the NVIDIA devices on the PCI bus."""
+    observed = {"nvcc": _observe_nvcc(module, candidates)}
+    apt_cache = module.get_bin_path("apt-cache")
+    if apt_cache and p["source"] == "distro":
+        rc, out, _dummy = _run(module, [apt_cache, "policy", "nvidia-cuda-toolkit"])
+        observed["distro_policy"] = out if rc == 0 else None
+    if apt_cache and p["driver_manage"] and p["kernel"]:
+        rc, out, _dummy = _run(module, [apt_cache, "policy", f"linux-headers-{p['kernel']}"])
+        observed["headers_policy"] = out if rc == 0 else None
+    dpkg_query = module.get_bin_path("dpkg-query")
+    if dpkg_query and p["source"] == "nvidia":
+        rc, out, _dummy = _run(module, [dpkg_query, "-W", "-f=${Status} ${Version}", "cuda-keyring"])
+        words = out.split() if rc == 0 else []
+        observed["keyring_installed"] = words[-1] if len(words) == 4 and words[2] == "installed" else None
+    if not (p["gpu_facts"] or {}).get("count"):
+        observed["pci_nvidia"] = read_pci(p["pci_devices_dir"])
+    return observed
+
+
+def _plan_from_params(p: dict, observed: dict) -> dict:
+    """plan() for the module's options (the nvidia_repo_* options drop their prefix)."""
+    return plan(
+        host=p["host"],
+        version=p["version"],
+        source=p["source"],
+        gpu_facts=p["gpu_facts"],
+        distribution=p["distribution"],
+        distribution_version=p["distribution_version"],
+        distribution_release=p["distribution_release"],
+        architecture=p["architecture"],
+        require_gpus=p["require_gpus"],
+        install_without_gpus=p["install_without_gpus"],
+        prefix=p["prefix"],
+        package_version=p["package_version"],
+        known_bad=p["known_bad"],
+        allow_known_bad=p["allow_known_bad"],
+        driver_manage=p["driver_manage"],
+        driver_min_branch=p["driver_min_branch"],
+        driver_packages=p["driver_packages"],
+        kernel=p["kernel"],
+        base_url=p["nvidia_repo_base_url"],
+        repo_distro=p["nvidia_repo_distro"],
+        repo_arch=p["nvidia_repo_arch"],
+        keyring_version=p["keyring_version"],
+        distro_mirror=p["distro_mirror"],
+        observed=observed,
     )
+
+
+def _summary(result: dict) -> str:
+    """The one-line msg for the plan's action (skip, present or install)."""
+    return {
+        "skip": f"skip: {result['reason']}",
+        "present": f"CUDA {result['version']} present at {(result['installed'] or {}).get('prefix')}; left alone",
+        "install": f"install {_names(result['toolkit']['package'])} (CUDA {result['version']}, {result['source']})",
+    }[result["action"]]
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=_argument_spec(), supports_check_mode=True)
     p = module.params
-    env = {"LC_ALL": "C"}
-
-    def run(argv):
-        rc, out, err = module.run_command(argv, environ_update=env)
-        return rc, out, err
-
     try:
         want = parse_version(p["version"])
         candidates = nvcc_candidates(want, p["source"], p["prefix"])
     except CudaInputError as e:
         module.fail_json(msg=str(e))
-
-    observed = {"nvcc": {}}
-    for prefix in candidates:
-        nvcc = os.path.join(prefix, "bin", "nvcc")
-        if not (os.path.isfile(nvcc) and os.access(nvcc, os.X_OK)):
-            continue
-        rc, out, err = run([nvcc, "--version"])
-        seen = {"version_output": out if rc == 0 else None, "arch_output": None}
-        if rc != 0:
-            module.warn(f"{nvcc} --version failed (rc {rc}): {(err or out).strip()[:200]}")
-        else:
-            rc, out, _dummy = run([nvcc, "--list-gpu-arch"])
-            seen["arch_output"] = out if rc == 0 else None
-        observed["nvcc"][prefix] = seen
-
-    apt_cache = module.get_bin_path("apt-cache")
-    if apt_cache and p["source"] == "distro":
-        rc, out, _dummy = run([apt_cache, "policy", "nvidia-cuda-toolkit"])
-        observed["distro_policy"] = out if rc == 0 else None
-    if apt_cache and p["driver_manage"] and p["kernel"]:
-        rc, out, _dummy = run([apt_cache, "policy", f"linux-headers-{p['kernel']}"])
-        observed["headers_policy"] = out if rc == 0 else None
-    dpkg_query = module.get_bin_path("dpkg-query")
-    if dpkg_query and p["source"] == "nvidia":
-        rc, out, _dummy = run([dpkg_query, "-W", "-f=${Status} ${Version}", "cuda-keyring"])
-        words = out.split() if rc == 0 else []
-        observed["keyring_installed"] = words[-1] if len(words) == 4 and words[2] == "installed" else None
-    if not (p["gpu_facts"] or {}).get("count"):
-        observed["pci_nvidia"] = read_pci(p["pci_devices_dir"])
-
+    observed = _observe_host(module, p, candidates)
     try:
-        result = plan(
-            host=p["host"],
-            version=p["version"],
-            source=p["source"],
-            gpu_facts=p["gpu_facts"],
-            distribution=p["distribution"],
-            distribution_version=p["distribution_version"],
-            distribution_release=p["distribution_release"],
-            architecture=p["architecture"],
-            require_gpus=p["require_gpus"],
-            install_without_gpus=p["install_without_gpus"],
-            prefix=p["prefix"],
-            package_version=p["package_version"],
-            known_bad=p["known_bad"],
-            allow_known_bad=p["allow_known_bad"],
-            driver_manage=p["driver_manage"],
-            driver_min_branch=p["driver_min_branch"],
-            driver_packages=p["driver_packages"],
-            kernel=p["kernel"],
-            base_url=p["nvidia_repo_base_url"],
-            repo_distro=p["nvidia_repo_distro"],
-            repo_arch=p["nvidia_repo_arch"],
-            keyring_version=p["keyring_version"],
-            distro_mirror=p["distro_mirror"],
-            observed=observed,
-        )
+        result = _plan_from_params(p, observed)
     except Refused as e:
         module.fail_json(msg=str(e), reasons=e.reasons, plan=e.plan)
     except CudaInputError as e:
         module.fail_json(msg=str(e))
     for w in result["warnings"]:
         module.warn(w)
-    summary = {
-        "skip": f"skip: {result['reason']}",
-        "present": f"CUDA {result['version']} present at {(result['installed'] or {}).get('prefix')}; left alone",
-        "install": f"install {_names(result['toolkit']['package'])} (CUDA {result['version']}, {result['source']})",
-    }[result["action"]]
     module.exit_json(
-        changed=False, msg=summary, plan=result, facts=facts_from_plan(result), check_mode=module.check_mode
+        changed=False, msg=_summary(result), plan=result, facts=facts_from_plan(result), check_mode=module.check_mode
     )
 
 
