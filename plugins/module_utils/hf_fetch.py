@@ -384,6 +384,141 @@ def _makedirs(path: str, owner, group, dir_mode) -> None:
         apply_owner(d, owner, group, dir_mode)
 
 
+def _source(repo: str, commit: str, name: str) -> dict:
+    """Where an installed file came from, as its sidecar records it."""
+    return {"repo": repo, "commit": commit, "file": name, "origin": f"{repo}@{commit[:12]}"}
+
+
+def _known_entries(dest: str, key: dict, *, pinned, writes, sha256, token, endpoint, fs) -> tuple:
+    """Where the file list of ``key`` (repo, revision, files, include) comes from: a pinned commit's manifest in
+    ``dest`` (no Hub contact), else the Hub, the manifest then written. Returns (commit, entries, live: the entries
+    resolved this run by name, from_manifest)."""
+    manifest = _load_manifest(dest, key) if pinned else None
+    live: dict[str, dict] = {}
+    if manifest is not None:
+        commit, entries = manifest["commit"], [dict(e) for e in manifest["files"]]
+        for e in entries:  # the pinned sha256 may have changed since the manifest was written
+            e["sha256"], e["sha256_origin"] = expected_sha256(sha256 or {}, e["name"], e["etag"])
+    else:
+        commit, entries = resolve(
+            key["repo"],
+            key["revision"],
+            files=key["files"],
+            include=key["include"],
+            sha256=sha256,
+            token=token,
+            endpoint=endpoint,
+        )
+        live = {e["name"]: e for e in entries}
+        if writes and os.path.isdir(dest):
+            _save_manifest(dest, key, commit, entries, **fs)
+    return commit, entries, live, manifest is not None
+
+
+def _only_entries(entries: list[dict], only, repo: str, commit: str) -> list[dict]:
+    """Which entries this run handles: all, or those named in ``only`` (each must be one of them, else HubError)."""
+    if only is None:
+        return entries
+    unknown = sorted(set(only) - {e["name"] for e in entries})
+    if unknown:
+        raise HubError(f"files {unknown} are not part of {repo} at {commit} as selected", "entry", 404)
+    return [e for e in entries if e["name"] in only]
+
+
+def _check_installed(entries: list[dict], dest: str, *, repo, commit, full_verify, writes, fs) -> tuple:
+    """Which files are installed and verified (status ok, ownership applied) and which are missing. Returns
+    (results, todo: the (entry, result) pairs to download, changed)."""
+    results, todo, changed = [], [], False
+    for e in entries:
+        path = os.path.join(dest, e["name"])
+        state = check_file(
+            path,
+            e["sha256"],
+            e["size"],
+            full=full_verify,
+            write=writes,
+            source=_source(repo, commit, e["name"]),
+            **fs,
+        )
+        changed |= state["changed"]
+        res = {
+            "name": e["name"],
+            "path": path,
+            "size": e["size"],
+            "sha256": e["sha256"],
+            "sha256_origin": e["sha256_origin"],
+            "status": "ok" if state["status"] == "ok" else "missing",
+            "downloaded_bytes": 0,
+            "resumed_from": 0,
+        }
+        if state["status"] == "ok" and writes:
+            changed |= apply_owner(path, fs["owner"], fs["group"], fs["mode"])
+        results.append(res)
+        if res["status"] != "ok":
+            todo.append((e, res))
+    return results, todo, changed
+
+
+def _check_disk_space(todo: list, dest: str, margin_bytes: int) -> None:
+    """Whether the missing files (less what their partials already hold) fit on the filesystem of ``dest`` (or
+    of its nearest existing parent) with the margin to spare; raises HubError "disk" if not."""
+    partial_have = {}
+    for e, _res in todo:
+        part = partial_path(os.path.join(dest, e["name"]))
+        partial_have[e["name"]] = os.path.getsize(part) if os.path.exists(part) else 0
+    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _dummy in todo)
+    probe = dest if os.path.isdir(dest) else os.path.dirname(dest.rstrip("/")) or "/"
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe) or "/"
+    problem = disk_space_problem(needed, shutil.disk_usage(probe).free, margin_bytes, probe)
+    if problem:
+        raise HubError(problem, "disk")
+
+
+def _refresh_entry(e: dict, *, repo, commit, dest, sha256, token, endpoint) -> None:
+    """Whether an entry from the cached manifest still matches the Hub: fresh metadata (location, auth check)
+    updates its download location; a changed ETag or size raises HubError "checksum"."""
+    try:
+        url, meta = _head(repo, e["name"], commit, token, endpoint)
+    except Exception as exc:
+        raise _classify(exc, repo=repo, revision=commit, filename=e["name"], token=token, endpoint=endpoint) from None
+    fresh = _entry(e["name"], url, meta, sha256 or {}, url)
+    if fresh["etag"] != e["etag"] or fresh["size"] != e["size"]:
+        raise HubError(
+            f"{repo}/{e['name']} at commit {commit} now has ETag {fresh['etag']} and size {fresh['size']}, "
+            f"not {e['etag']} / {e['size']} as recorded in {os.path.join(dest, MANIFEST_NAME)}; delete that "
+            "file and run again.",
+            "checksum",
+        )
+    e.update(url=fresh["url"], location=fresh["location"], xet=fresh["xet"])
+
+
+def _install(e: dict, res: dict, *, repo, commit, token, rate_limit, dir_mode, fs) -> int:
+    """Download one missing file into its partial, verify and install it, and record the outcome in ``res``;
+    returns the bytes that came from upstream."""
+    final = res["path"]
+    _makedirs(os.path.dirname(final), fs["owner"], fs["group"], dir_mode)
+    part = partial_path(final)
+    got = _download(e, part, repo=repo, commit=commit, token=token, rate_limit=rate_limit)
+    try:
+        adopt(
+            part,
+            final,
+            e["sha256"],
+            e["size"],
+            source=_source(repo, commit, e["name"]),
+            cleanup=(part + ".json",),
+            **fs,
+        )
+    except VerifyError as err:
+        raise HubError(str(err), "checksum") from None
+    res.update(status="downloaded", downloaded_bytes=got["bytes"], resumed_from=got["resumed_from"])
+    res["transfer"] = got["transfer"]
+    if got.get("xet_error"):
+        res["xet_error"] = got["xet_error"]
+    return got["bytes"]
+
+
 def fetch(
     *,
     repo: str,
@@ -421,77 +556,26 @@ def fetch(
         _makedirs(dest, owner, group, dir_mode)
         changed = True
 
-    manifest = _load_manifest(dest, key) if pinned else None
-    live: dict[str, dict] = {}
-    if manifest is not None:
-        commit, entries = manifest["commit"], [dict(e) for e in manifest["files"]]
-        for e in entries:  # the pinned sha256 may have changed since the manifest was written
-            e["sha256"], e["sha256_origin"] = expected_sha256(sha256 or {}, e["name"], e["etag"])
-    else:
-        commit, entries = resolve(
-            repo, revision, files=files, include=include, sha256=sha256, token=token, endpoint=endpoint
-        )
-        live = {e["name"]: e for e in entries}
-        if writes and os.path.isdir(dest):
-            _save_manifest(dest, key, commit, entries, **fs)
-    if only is not None:
-        unknown = sorted(set(only) - {e["name"] for e in entries})
-        if unknown:
-            raise HubError(f"files {unknown} are not part of {repo} at {commit} as selected", "entry", 404)
-        entries = [e for e in entries if e["name"] in only]
-
-    results, todo = [], []
-    for e in entries:
-        path = os.path.join(dest, e["name"])
-        state = check_file(
-            path,
-            e["sha256"],
-            e["size"],
-            full=full_verify,
-            write=writes,
-            source={"repo": repo, "commit": commit, "file": e["name"], "origin": f"{repo}@{commit[:12]}"},
-            **fs,
-        )
-        changed |= state["changed"]
-        res = {
-            "name": e["name"],
-            "path": path,
-            "size": e["size"],
-            "sha256": e["sha256"],
-            "sha256_origin": e["sha256_origin"],
-            "status": "ok" if state["status"] == "ok" else "missing",
-            "downloaded_bytes": 0,
-            "resumed_from": 0,
-        }
-        if state["status"] == "ok" and writes:
-            changed |= apply_owner(path, owner, group, mode)
-        results.append(res)
-        if res["status"] != "ok":
-            todo.append((e, res))
-
+    commit, entries, live, from_manifest = _known_entries(
+        dest, key, pinned=pinned, writes=writes, sha256=sha256, token=token, endpoint=endpoint, fs=fs
+    )
+    entries = _only_entries(entries, only, repo, commit)
+    results, todo, files_changed = _check_installed(
+        entries, dest, repo=repo, commit=commit, full_verify=full_verify, writes=writes, fs=fs
+    )
     out = {
         "commit": commit,
         "revision": revision,
         "pinned": pinned,
         "files": results,
         "downloaded_bytes": 0,
-        "hub_contacted": manifest is None,
-        "changed": changed,
+        "hub_contacted": not from_manifest,
+        "changed": changed or files_changed,
     }
     if resolve_only or not todo:
         return out
 
-    partial_have = {}
-    for e, _res in todo:
-        part = partial_path(os.path.join(dest, e["name"]))
-        partial_have[e["name"]] = os.path.getsize(part) if os.path.exists(part) else 0
-    needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _dummy in todo)
-    probe = dest if os.path.isdir(dest) else os.path.dirname(dest.rstrip("/")) or "/"
-    while not os.path.isdir(probe):
-        probe = os.path.dirname(probe) or "/"
-    problem = disk_space_problem(needed, shutil.disk_usage(probe).free, margin_bytes, probe)
-    if problem:
-        raise HubError(problem, "disk")
+    _check_disk_space(todo, dest, margin_bytes)
     out["changed"] = True
     if check_mode:
         for _e, res in todo:
@@ -500,41 +584,9 @@ def fetch(
 
     for e, res in todo:
         if e["name"] not in live:  # from the cached manifest: fresh metadata (location, auth check) first
-            try:
-                url, meta = _head(repo, e["name"], commit, token, endpoint)
-            except Exception as exc:
-                raise _classify(
-                    exc, repo=repo, revision=commit, filename=e["name"], token=token, endpoint=endpoint
-                ) from None
-            fresh = _entry(e["name"], url, meta, sha256 or {}, url)
-            if fresh["etag"] != e["etag"] or fresh["size"] != e["size"]:
-                raise HubError(
-                    f"{repo}/{e['name']} at commit {commit} now has ETag {fresh['etag']} and size {fresh['size']}, "
-                    f"not {e['etag']} / {e['size']} as recorded in {os.path.join(dest, MANIFEST_NAME)}; delete that "
-                    "file and run again.",
-                    "checksum",
-                )
-            e.update(url=fresh["url"], location=fresh["location"], xet=fresh["xet"])
+            _refresh_entry(e, repo=repo, commit=commit, dest=dest, sha256=sha256, token=token, endpoint=endpoint)
             out["hub_contacted"] = True
-        final = res["path"]
-        _makedirs(os.path.dirname(final), owner, group, dir_mode)
-        part = partial_path(final)
-        got = _download(e, part, repo=repo, commit=commit, token=token, rate_limit=rate_limit)
-        try:
-            adopt(
-                part,
-                final,
-                e["sha256"],
-                e["size"],
-                source={"repo": repo, "commit": commit, "file": e["name"], "origin": f"{repo}@{commit[:12]}"},
-                cleanup=(part + ".json",),
-                **fs,
-            )
-        except VerifyError as err:
-            raise HubError(str(err), "checksum") from None
-        res.update(status="downloaded", downloaded_bytes=got["bytes"], resumed_from=got["resumed_from"])
-        res["transfer"] = got["transfer"]
-        if got.get("xet_error"):
-            res["xet_error"] = got["xet_error"]
-        out["downloaded_bytes"] += got["bytes"]
+        out["downloaded_bytes"] += _install(
+            e, res, repo=repo, commit=commit, token=token, rate_limit=rate_limit, dir_mode=dir_mode, fs=fs
+        )
     return out

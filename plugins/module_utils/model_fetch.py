@@ -97,8 +97,9 @@ def _url_name(url: str) -> str:
     return posixpath.basename(unquote(urlsplit(url).path))
 
 
-def normalize_model(item, *, models_dir: str, require_mtp: bool = True) -> tuple[dict, list[str]]:
-    """One model item -> (normalised dict, warnings). Raises ModelSpecError with a fix-it message."""
+def _model_base(item, models_dir: str, require_mtp: bool) -> dict:
+    """The part of a model item every source shares: a mapping with a valid name, known keys, a known source, a
+    boolean require_mtp and an absolute dir. Returns the normalised dict, its per-source fields still empty."""
     if not isinstance(item, dict):
         raise ModelSpecError(f"each model must be a mapping with at least name and repo, got {item!r}")
     name = item.get("name")
@@ -121,7 +122,7 @@ def normalize_model(item, *, models_dir: str, require_mtp: bool = True) -> tuple
     directory = item.get("dir") or posixpath.join(models_dir, name)
     if not isinstance(directory, str) or not directory.startswith("/"):
         raise ModelSpecError(f"model {name!r}: dir must be an absolute path, got {directory!r}")
-    out = {
+    return {
         "name": name,
         "source": source,
         "dir": directory.rstrip("/") or "/",
@@ -135,84 +136,106 @@ def normalize_model(item, *, models_dir: str, require_mtp: bool = True) -> tuple
         "urls": [],
         "controller_paths": [],
     }
-    warnings = []
-    for key in ("file", "include"):
-        if key in item and item[key] not in (None, "", []) and source == "controller":
-            raise ModelSpecError(f"model {name!r}: {key} is not used with source controller; use controller_path")
 
-    if source == "hf":
-        repo = item.get("repo")
-        if not isinstance(repo, str) or not REPO_RE.match(repo):
-            raise ModelSpecError(
-                f"model {name!r}: repo must be a Hugging Face repo id 'owner/name' (e.g. unsloth/Qwen3.6-27B-GGUF), "
-                f"got {repo!r}"
-            )
-        has_file = item.get("file") not in (None, "", [])
-        has_include = item.get("include") not in (None, "", [])
-        if has_file == has_include:
-            raise ModelSpecError(
-                f"model {name!r}: give exactly one of file (one GGUF, or a list of files) or include (glob patterns,"
-                " e.g. '*Q4_K_M-*-of-*.gguf' for all parts of a split GGUF)"
-            )
-        revision = item.get("revision") or "main"
-        if (
-            not isinstance(revision, str)
-            or ".." in revision
-            or revision.startswith("/")
-            or revision != revision.strip()
-        ):
-            raise ModelSpecError(f"model {name!r}: revision {revision!r} is not a valid branch, tag or commit")
-        out.update(repo=repo, revision=revision, pinned=is_commit(revision))
-        if not out["pinned"]:
-            warnings.append(
-                f"model {name!r}: revision {revision!r} is a branch or tag, so what it downloads can change between "
-                "runs; pin the commit sha (40 hex digits) for a reproducible fleet"
-            )
-        if has_file:
-            files = _as_list(item["file"], f"model {name!r}: file")
-            for f in files:
-                if why := check_file_name(f):
-                    raise ModelSpecError(f"model {name!r}: file {why}")
-            out["files"] = files
-            out["sha256"] = _sha_map(name, item.get("sha256"), files)
-        else:
-            out["include"] = _as_list(item["include"], f"model {name!r}: include")
-            out["sha256"] = _sha_map(name, item.get("sha256"), [])
-    elif source == "url":
-        urls = _as_list(item.get("url") or [], f"model {name!r}: url")
-        for u in urls:
-            if urlsplit(u).scheme not in ("http", "https", "ftp", "file"):
-                raise ModelSpecError(f"model {name!r}: url {u!r} must be an http(s), ftp or file URL")
-        files = [_url_name(u) for u in urls]
-        if item.get("file") not in (None, "", []):
-            files = _as_list(item["file"], f"model {name!r}: file")
-            if len(files) != len(urls):
-                raise ModelSpecError(f"model {name!r}: file must name each url's file ({len(urls)} urls)")
+
+def _hf_fields(item: dict, name: str) -> tuple[dict, list[str]]:
+    """Source hf: a valid repo id, exactly one of file / include, a usable revision (a branch or tag is warned
+    about). Returns (the fields of the normalised dict, warnings)."""
+    repo = item.get("repo")
+    if not isinstance(repo, str) or not REPO_RE.match(repo):
+        raise ModelSpecError(
+            f"model {name!r}: repo must be a Hugging Face repo id 'owner/name' (e.g. unsloth/Qwen3.6-27B-GGUF), "
+            f"got {repo!r}"
+        )
+    has_file = item.get("file") not in (None, "", [])
+    has_include = item.get("include") not in (None, "", [])
+    if has_file == has_include:
+        raise ModelSpecError(
+            f"model {name!r}: give exactly one of file (one GGUF, or a list of files) or include (glob patterns,"
+            " e.g. '*Q4_K_M-*-of-*.gguf' for all parts of a split GGUF)"
+        )
+    revision = item.get("revision") or "main"
+    if not isinstance(revision, str) or ".." in revision or revision.startswith("/") or revision != revision.strip():
+        raise ModelSpecError(f"model {name!r}: revision {revision!r} is not a valid branch, tag or commit")
+    fields = {"repo": repo, "revision": revision, "pinned": is_commit(revision)}
+    warnings = []
+    if not fields["pinned"]:
+        warnings.append(
+            f"model {name!r}: revision {revision!r} is a branch or tag, so what it downloads can change between "
+            "runs; pin the commit sha (40 hex digits) for a reproducible fleet"
+        )
+    if has_file:
+        files = _as_list(item["file"], f"model {name!r}: file")
         for f in files:
             if why := check_file_name(f):
-                raise ModelSpecError(f"model {name!r}: file name taken from the url is not usable: {why}; set file")
-        if len(set(files)) != len(files):
-            raise ModelSpecError(f"model {name!r}: two urls end in the same file name; set file to name each")
-        out["files"] = files
-        out["urls"] = [{"name": files[i], "url": urls[i]} for i in range(len(urls))]
-        out["sha256"] = _sha_map(name, item.get("sha256"), files)
-        missing = [f for f in files if f not in out["sha256"]]
-        if missing:
-            raise ModelSpecError(
-                f"model {name!r}: source url needs the sha256 of every file (missing for {missing}); a plain URL "
-                "has no trusted checksum of its own"
-            )
+                raise ModelSpecError(f"model {name!r}: file {why}")
+        fields["files"] = files
+        fields["sha256"] = _sha_map(name, item.get("sha256"), files)
     else:
-        paths = _as_list(item.get("controller_path") or [], f"model {name!r}: controller_path")
-        for p in paths:
-            if not p.startswith("/") and not p.startswith("~"):
-                raise ModelSpecError(f"model {name!r}: controller_path {p!r} must be an absolute path")
-        files = [posixpath.basename(p) for p in paths]
-        if len(set(files)) != len(files):
-            raise ModelSpecError(f"model {name!r}: two controller paths end in the same file name")
-        out["files"] = files
-        out["controller_paths"] = [{"name": files[i], "path": paths[i]} for i in range(len(paths))]
-        out["sha256"] = _sha_map(name, item.get("sha256"), files)
+        fields["include"] = _as_list(item["include"], f"model {name!r}: include")
+        fields["sha256"] = _sha_map(name, item.get("sha256"), [])
+    return fields, warnings
+
+
+def _url_fields(item: dict, name: str) -> dict:
+    """Source url: http(s)/ftp/file URLs, one usable and distinct file name each (from the URL or file), and a
+    pinned sha256 for every file. Returns the fields of the normalised dict."""
+    urls = _as_list(item.get("url") or [], f"model {name!r}: url")
+    for u in urls:
+        if urlsplit(u).scheme not in ("http", "https", "ftp", "file"):
+            raise ModelSpecError(f"model {name!r}: url {u!r} must be an http(s), ftp or file URL")
+    files = [_url_name(u) for u in urls]
+    if item.get("file") not in (None, "", []):
+        files = _as_list(item["file"], f"model {name!r}: file")
+        if len(files) != len(urls):
+            raise ModelSpecError(f"model {name!r}: file must name each url's file ({len(urls)} urls)")
+    for f in files:
+        if why := check_file_name(f):
+            raise ModelSpecError(f"model {name!r}: file name taken from the url is not usable: {why}; set file")
+    if len(set(files)) != len(files):
+        raise ModelSpecError(f"model {name!r}: two urls end in the same file name; set file to name each")
+    sha = _sha_map(name, item.get("sha256"), files)
+    missing = [f for f in files if f not in sha]
+    if missing:
+        raise ModelSpecError(
+            f"model {name!r}: source url needs the sha256 of every file (missing for {missing}); a plain URL "
+            "has no trusted checksum of its own"
+        )
+    return {"files": files, "urls": [{"name": files[i], "url": urls[i]} for i in range(len(urls))], "sha256": sha}
+
+
+def _controller_fields(item: dict, name: str) -> dict:
+    """Source controller: no file / include, absolute controller paths with distinct file names. Returns the
+    fields of the normalised dict."""
+    for key in ("file", "include"):
+        if key in item and item[key] not in (None, "", []):
+            raise ModelSpecError(f"model {name!r}: {key} is not used with source controller; use controller_path")
+    paths = _as_list(item.get("controller_path") or [], f"model {name!r}: controller_path")
+    for p in paths:
+        if not p.startswith("/") and not p.startswith("~"):
+            raise ModelSpecError(f"model {name!r}: controller_path {p!r} must be an absolute path")
+    files = [posixpath.basename(p) for p in paths]
+    if len(set(files)) != len(files):
+        raise ModelSpecError(f"model {name!r}: two controller paths end in the same file name")
+    return {
+        "files": files,
+        "controller_paths": [{"name": files[i], "path": paths[i]} for i in range(len(paths))],
+        "sha256": _sha_map(name, item.get("sha256"), files),
+    }
+
+
+def normalize_model(item, *, models_dir: str, require_mtp: bool = True) -> tuple[dict, list[str]]:
+    """One model item -> (normalised dict, warnings). Raises ModelSpecError with a fix-it message."""
+    out = _model_base(item, models_dir, require_mtp)
+    name = out["name"]
+    warnings = []
+    if out["source"] == "hf":
+        fields, warnings = _hf_fields(item, name)
+    elif out["source"] == "url":
+        fields = _url_fields(item, name)
+    else:
+        fields = _controller_fields(item, name)
+    out.update(fields)
     if out["files"] is not None and not any(f.endswith(".gguf") for f in out["files"]):
         raise ModelSpecError(f"model {name!r}: none of its files ends in .gguf ({out['files']})")
     return out, warnings
