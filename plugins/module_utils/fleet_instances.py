@@ -279,6 +279,49 @@ FIELDS: dict = {
         "doc": "Seconds the health gate waits; default base + per-GiB time for the model's size.",
     },
 }
+# Every spelling of the flags this role renders itself, and the instance field to use instead.
+CONTROLLED_FLAGS = {
+    "model / model_path": ["-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo"],
+    "host": ["--host"],
+    "port": ["--port"],
+    "alias": ["-a", "--alias"],
+    "context": ["-c", "--ctx-size"],
+    "parallel": ["-np", "--parallel"],
+    "kv_unified": ["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
+    "cache_type_k": ["-ctk", "--cache-type-k"],
+    "cache_type_v": ["-ctv", "--cache-type-v"],
+    "flash_attn": ["-fa", "--flash-attn"],
+    "mtp": ["--spec-type"],
+    "draft_n_max": ["--spec-draft-n-max"],
+    "draft_cache_type_k": ["-ctkd", "--spec-draft-type-k", "--cache-type-k-draft"],
+    "draft_cache_type_v": ["-ctvd", "--spec-draft-type-v", "--cache-type-v-draft"],
+    "devices (CUDA_VISIBLE_DEVICES)": ["-dev", "--device"],
+    "n_gpu_layers": ["-ngl", "--gpu-layers", "--n-gpu-layers"],
+    "split_mode": ["-sm", "--split-mode"],
+    "main_gpu": ["-mg", "--main-gpu"],
+    "tensor_split": ["-ts", "--tensor-split"],
+    "threads": ["-t", "--threads"],
+    "threads_batch": ["-tb", "--threads-batch"],
+    "batch_size": ["-b", "--batch-size"],
+    "ubatch_size": ["-ub", "--ubatch-size"],
+    "rope_scaling": ["--rope-scaling", "--rope-scale"],
+    "metrics": ["--metrics"],
+    "webui": ["--ui", "--webui", "--no-ui", "--no-webui"],
+    "api_key": ["--api-key", "--api-key-file"],
+}
+# the fields that render a flag as it is (FIELDS' "flag"), every spelling
+CONTROLLED_FLAGS.update({key: list(spec["flag"]) for key, spec in FIELDS.items() if spec.get("flag")})
+CONTROLLED = {flag: field for field, flags in CONTROLLED_FLAGS.items() for flag in flags}
+# Environment variables that carry secrets or that the role sets itself.
+RESERVED_ENV = {
+    "LLAMA_SERVER_ARGS": "the arguments (use the instance fields or extra_args)",
+    "LLAMA_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
+    "LLAMA_ARG_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
+    "LLAMA_ARG_API_KEY_FILE": "the API key file (use api_key)",
+    "CUDA_VISIBLE_DEVICES": "the GPUs (use devices or the tensor_split plan)",
+    "CUDA_DEVICE_ORDER": "the GPU order (always PCI_BUS_ID, to match nvidia-smi's indices)",
+}
+
 # Settings the plan decides when the instance leaves them unset (the server then uses the plan's value).
 PLANNED = ("context", "mtp")
 
@@ -413,6 +456,96 @@ def access_problems(inst, host=None):
     return problems
 
 
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def tensor_split_parts(value):
+    """A declared tensor_split ("3,1" or [3, 1]) as its parts (strings), or None when it is not non-negative
+    numbers."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    parts = [str(p).strip() for p in items]
+    if not parts or not all(_NUMBER.match(p) and not p.startswith("-") for p in parts):
+        return None
+    return parts
+
+
+def is_flag(token):
+    """Whether an extra_args item is a flag (not a value such as -1 or -0.5)."""
+    return token.startswith("-") and not _NUMBER.match(token)
+
+
+def _extra_args_problems(inst, host, label):
+    problems = []
+    for tok in inst.get("extra_args") or []:
+        tok = str(tok)
+        if not SAFE_WORD.match(tok):
+            problems.append(
+                f"{where(host, label, 'extra_args')}: item {tok!r} contains whitespace, a quote, a backslash or '$'; "
+                "pass the flag and its value as separate items without quoting"
+            )
+        elif is_flag(tok) and tok.split("=", 1)[0] in CONTROLLED:
+            flag = tok.split("=", 1)[0]
+            field = CONTROLLED[flag]
+            why = (
+                "API keys never go on the command line; set api_key (delivered as a root-only credential file)"
+                if field == "api_key"
+                else f"the role renders it; set the instance's {field} instead"
+            )
+            problems.append(f"{where(host, label, 'extra_args')}: may not contain {flag}: {why}")
+    return problems
+
+
+def environment_ok(key, value):
+    """Whether an instance may set this environment variable to this value (as text)."""
+    return bool(_ENV_KEY.match(key)) and key not in RESERVED_ENV and (not value or bool(SAFE_WORD.match(value)))
+
+
+def _environment_problems(inst, host, label):
+    problems = []
+    for key, value in (inst.get("environment") or {}).items():
+        key, text = str(key), str(value)
+        if environment_ok(key, text):
+            continue
+        if not _ENV_KEY.match(key):
+            problems.append(f"{where(host, label, 'environment')}: {key!r} is not a valid variable name")
+        elif key in RESERVED_ENV:
+            problems.append(
+                f"{where(host, label, 'environment')}: may not set {key}: the role sets {RESERVED_ENV[key]}"
+            )
+        else:
+            problems.append(
+                f"{where(host, label, 'environment')}: {key} value contains whitespace, a quote, a backslash or '$'"
+            )
+    return problems
+
+
+def value_problems(inst, host=None):
+    """The rules of the placement and pass-through fields that need no binary (tensor_split, devices, extra_args,
+    environment): checked by the resolver, before any host changes, and again by llama_server_args for a direct
+    caller. ``inst``: a normalized instance (fields of the wrong type were reported by normalize)."""
+    label, problems = inst.get("name"), []
+    split = inst.get("tensor_split")
+    if split is not None and tensor_split_parts(split) is None:
+        problems.append(f"{where(host, label, 'tensor_split')}: must be non-negative numbers like '3,1' or [3, 1]")
+    devices = inst.get("devices")
+    if isinstance(devices, list) and all(isinstance(d, int) for d in devices):
+        if len(set(devices)) != len(devices) or any(d < 0 for d in devices):
+            problems.append(f"{where(host, label, 'devices')}: must be distinct nvidia-smi indices, got {devices}")
+        replicas = inst.get("replicas")
+        replicas = int(replicas) if isinstance(replicas, str) and replicas.strip().isdigit() else replicas
+        if devices and isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 1:
+            problems.append(
+                f"{where(host, label, 'devices')}: explicit devices with replicas {replicas} would put every "
+                "replica on the same GPUs; drop devices and let the tensor_split plan (replicas: auto) place them"
+            )
+    if isinstance(inst.get("extra_args"), list):
+        problems += _extra_args_problems(inst, host, label)
+    if isinstance(inst.get("environment"), dict):
+        problems += _environment_problems(inst, host, label)
+    return problems
+
+
 def _close(name, known):
     match = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.75)
     return match[0] if match else None
@@ -485,6 +618,96 @@ def _autotuned(value, host, label):
     return out, problems
 
 
+def _table_problems(names, host, autotune, model_overrides, instance_overrides):
+    """Whether the per-instance tables (autotune, model upgrades, overrides) are mappings that name only declared
+    instances."""
+    problems = []
+    for table, what in ((autotune, "llamafleet_autotune"), (model_overrides, "llamafleet_release_models")):
+        if table is not None and not isinstance(table, dict):
+            problems.append(f"{where(host)}, field {what!r}: must be a mapping of instance name to a value")
+        for n in sorted(set(table or {}) - set(names)) if isinstance(table, dict) else []:
+            problems.append(f"{where(host, n)}, field {what!r}: names an instance that is not declared")
+    for n in sorted(set(instance_overrides or {}) - set(names)):
+        problems.append(f"{where(host, n)}: an override names an instance that is not declared")
+    return problems
+
+
+def _merged(raw, host, autotune, model_overrides, instance_overrides):
+    """One declared instance with its model upgrade, its autotune result (where it leaves the field unset) and its
+    overrides applied, in that order; returns ``(merged, problems)``."""
+    label = raw.get("name")
+    merged = dict(raw)
+    new_model = (model_overrides or {}).get(label) if isinstance(model_overrides, dict) else None
+    if new_model is not None:
+        merged["model"] = new_model
+        merged.pop("model_path", None)
+    best = (autotune or {}).get(label) if isinstance(autotune, dict) else None
+    tuned, problems = _autotuned(best, host, label)
+    merged.update({k: v for k, v in tuned.items() if raw.get(k) is None})
+    merged.update((instance_overrides or {}).get(label) or {})
+    return merged, problems
+
+
+def _model_problems(inst, host, label, models):
+    """Whether the instance serves exactly one of model / model_path, and a declared model."""
+    if inst.get("model") and inst.get("model_path"):
+        return [f"{where(host, label, 'model')}: set either model or model_path, not both"]
+    if not inst.get("model") and not inst.get("model_path") and inst:
+        return [f"{where(host, label, 'model')}: no model; set model (a llamafleet_models name)"]
+    if models is not None and inst.get("model") and inst["model"] not in models:
+        return [
+            f"{where(host, label, 'model')}: {inst['model']!r} is not in llamafleet_models "
+            f"(declared: {', '.join(sorted(models)) or 'none'})"
+        ]
+    return []
+
+
+def _instance_problems(inst, host, label, models):
+    """The rules of one normalized instance beyond each field's own type, choices and bounds: access, placement and
+    pass-through values, name, replicas, model, draft lengths, rope scaling, tensor split with MTP."""
+    problems = access_problems(inst, host) + value_problems(inst, host) if inst else []
+    if not isinstance(label, str) or not _NAME.match(label or ""):
+        problems.append(
+            f"{where(host, label, 'name')}: must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting "
+            "with a letter or digit (it becomes the systemd instance llama-server@<name>)"
+        )
+    if inst and not _replicas_ok(inst.get("replicas")):
+        problems.append(f"{where(host, label, 'replicas')}: must be a positive integer or 'auto'")
+    problems += _model_problems(inst, host, label, models)
+    n_min, n_max = inst.get("spec_draft_n_min"), inst.get("draft_n_max")
+    if isinstance(n_min, int) and isinstance(n_max, int) and n_min > n_max:
+        problems.append(
+            f"{where(host, label, 'spec_draft_n_min')}: {n_min} is above draft_n_max {n_max}: every draft would be "
+            "discarded"
+        )
+    if inst.get("rope_scale") is not None and not inst.get("rope_scaling"):
+        problems.append(f"{where(host, label, 'rope_scale')}: set rope_scaling (linear or yarn) with it")
+    refused = tensor_split_mtp_problem(
+        inst.get("split_mode"), inst.get("mtp"), inst.get("force_split_mode_tensor"), "force_split_mode_tensor"
+    )
+    if refused:
+        problems.append(f"{where(host, label, 'split_mode')}: {refused}")
+    return problems
+
+
+def _unique_problems(out, host):
+    """Whether the host's resolved instances have distinct names and distinct ports."""
+    problems = []
+    seen = {}
+    for inst in out:
+        n = inst.get("name")
+        if n in seen:
+            problems.append(f"{where(host, n, 'name')}: is declared twice; names must be unique")
+        seen[n] = inst
+    ports = {}
+    for inst in out:
+        p = inst.get("port")
+        if isinstance(p, int) and p in ports:
+            problems.append(f"{where(host, inst['name'], 'port')}: {p} is also the port of {ports[p]!r}")
+        ports.setdefault(p, inst.get("name"))
+    return problems
+
+
 def resolve(
     instances,
     *,
@@ -502,84 +725,26 @@ def resolve(
     {field: value} applied last (benchmark variants); ``models``: the declared model names, or None to
     skip that check.
     """
-    problems = []
     if instances is None:
         instances = []
     if not isinstance(instances, list):
         return [], [f"{where(host)}, field 'llamafleet_instances': must be a list of instances"]
     names = [i.get("name") for i in instances if isinstance(i, dict)]
-    for table, what in ((autotune, "llamafleet_autotune"), (model_overrides, "llamafleet_release_models")):
-        if table is not None and not isinstance(table, dict):
-            problems.append(f"{where(host)}, field {what!r}: must be a mapping of instance name to a value")
-        for n in sorted(set(table or {}) - set(names)) if isinstance(table, dict) else []:
-            problems.append(f"{where(host, n)}, field {what!r}: names an instance that is not declared")
-    for n in sorted(set(instance_overrides or {}) - set(names)):
-        problems.append(f"{where(host, n)}: an override names an instance that is not declared")
+    problems = _table_problems(names, host, autotune, model_overrides, instance_overrides)
 
     out = []
     for raw in instances:
         if not isinstance(raw, dict):
             problems.append(f"{where(host)}: an instance must be a mapping, got {type(raw).__name__}")
             continue
-        label = raw.get("name")
-        merged = dict(raw)
-        new_model = (model_overrides or {}).get(label) if isinstance(model_overrides, dict) else None
-        if new_model is not None:
-            merged["model"] = new_model
-            merged.pop("model_path", None)
-        best = (autotune or {}).get(label) if isinstance(autotune, dict) else None
-        tuned, p = _autotuned(best, host, label)
+        merged, p = _merged(raw, host, autotune, model_overrides, instance_overrides)
         problems += p
-        merged.update({k: v for k, v in tuned.items() if raw.get(k) is None})
-        merged.update((instance_overrides or {}).get(label) or {})
         inst, p = normalize(merged, host)
         problems += p
-        if inst:
-            problems += access_problems(inst, host)
-        if not isinstance(label, str) or not _NAME.match(label or ""):
-            problems.append(
-                f"{where(host, label, 'name')}: must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting "
-                "with a letter or digit (it becomes the systemd instance llama-server@<name>)"
-            )
-        if inst and not _replicas_ok(inst.get("replicas")):
-            problems.append(f"{where(host, label, 'replicas')}: must be a positive integer or 'auto'")
-        if inst.get("model") and inst.get("model_path"):
-            problems.append(f"{where(host, label, 'model')}: set either model or model_path, not both")
-        elif not inst.get("model") and not inst.get("model_path") and inst:
-            problems.append(f"{where(host, label, 'model')}: no model; set model (a llamafleet_models name)")
-        elif models is not None and inst.get("model") and inst["model"] not in models:
-            problems.append(
-                f"{where(host, label, 'model')}: {inst['model']!r} is not in llamafleet_models "
-                f"(declared: {', '.join(sorted(models)) or 'none'})"
-            )
-        n_min, n_max = inst.get("spec_draft_n_min"), inst.get("draft_n_max")
-        if isinstance(n_min, int) and isinstance(n_max, int) and n_min > n_max:
-            problems.append(
-                f"{where(host, label, 'spec_draft_n_min')}: {n_min} is above draft_n_max {n_max}: every draft would be "
-                "discarded"
-            )
-        if inst.get("rope_scale") is not None and not inst.get("rope_scaling"):
-            problems.append(f"{where(host, label, 'rope_scale')}: set rope_scaling (linear or yarn) with it")
-        refused = tensor_split_mtp_problem(
-            inst.get("split_mode"), inst.get("mtp"), inst.get("force_split_mode_tensor"), "force_split_mode_tensor"
-        )
-        if refused:
-            problems.append(f"{where(host, label, 'split_mode')}: {refused}")
+        problems += _instance_problems(inst, host, raw.get("name"), models)
         if inst:
             out.append(inst)
-
-    seen = {}
-    for inst in out:
-        n = inst.get("name")
-        if n in seen:
-            problems.append(f"{where(host, n, 'name')}: is declared twice; names must be unique")
-        seen[n] = inst
-    ports = {}
-    for inst in out:
-        p = inst.get("port")
-        if isinstance(p, int) and p in ports:
-            problems.append(f"{where(host, inst['name'], 'port')}: {p} is also the port of {ports[p]!r}")
-        ports.setdefault(p, inst.get("name"))
+    problems += _unique_problems(out, host)
     return out, problems
 
 

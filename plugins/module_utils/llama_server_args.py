@@ -60,53 +60,13 @@ PLAN_SETTINGS = {
     "draft_cache_type_v": "draft_cache_type_v",
 }
 
-# Every spelling of the flags this role renders itself, and the instance field to use instead.
-CONTROLLED_FLAGS = {
-    "model / model_path": ["-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo"],
-    "host": ["--host"],
-    "port": ["--port"],
-    "alias": ["-a", "--alias"],
-    "context": ["-c", "--ctx-size"],
-    "parallel": ["-np", "--parallel"],
-    "kv_unified": ["-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"],
-    "cache_type_k": ["-ctk", "--cache-type-k"],
-    "cache_type_v": ["-ctv", "--cache-type-v"],
-    "flash_attn": ["-fa", "--flash-attn"],
-    "mtp": ["--spec-type"],
-    "draft_n_max": ["--spec-draft-n-max"],
-    "draft_cache_type_k": ["-ctkd", "--spec-draft-type-k", "--cache-type-k-draft"],
-    "draft_cache_type_v": ["-ctvd", "--spec-draft-type-v", "--cache-type-v-draft"],
-    "devices (CUDA_VISIBLE_DEVICES)": ["-dev", "--device"],
-    "n_gpu_layers": ["-ngl", "--gpu-layers", "--n-gpu-layers"],
-    "split_mode": ["-sm", "--split-mode"],
-    "main_gpu": ["-mg", "--main-gpu"],
-    "tensor_split": ["-ts", "--tensor-split"],
-    "threads": ["-t", "--threads"],
-    "threads_batch": ["-tb", "--threads-batch"],
-    "batch_size": ["-b", "--batch-size"],
-    "ubatch_size": ["-ub", "--ubatch-size"],
-    "rope_scaling": ["--rope-scaling", "--rope-scale"],
-    "metrics": ["--metrics"],
-    "webui": ["--ui", "--webui", "--no-ui", "--no-webui"],
-    "api_key": ["--api-key", "--api-key-file"],
-}
-# the fields that render a flag as it is (FIELDS' "flag"), every spelling
-CONTROLLED_FLAGS.update({key: list(spec["flag"]) for key, spec in FIELDS.items() if spec.get("flag")})
-_CONTROLLED = {flag: field for field, flags in CONTROLLED_FLAGS.items() for flag in flags}
-# Environment variables that carry secrets or that the role sets itself.
-RESERVED_ENV = {
-    "LLAMA_SERVER_ARGS": "the arguments (use the instance fields or extra_args)",
-    "LLAMA_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
-    "LLAMA_ARG_API_KEY": "the API key (use api_key: it goes through a root-only credential file)",
-    "LLAMA_ARG_API_KEY_FILE": "the API key file (use api_key)",
-    "CUDA_VISIBLE_DEVICES": "the GPUs (use devices or the tensor_split plan)",
-    "CUDA_DEVICE_ORDER": "the GPU order (always PCI_BUS_ID, to match nvidia-smi's indices)",
-}
+# The resolver's tables (the checks that need no binary live there)
+CONTROLLED_FLAGS = fleet_instances.CONTROLLED_FLAGS
+RESERVED_ENV = fleet_instances.RESERVED_ENV
+_CONTROLLED = fleet_instances.CONTROLLED
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _SAFE = fleet_instances.SAFE_WORD  # systemd splits $LLAMA_SERVER_ARGS at whitespace; no quoting exists
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 _FORBIDDEN_MODEL_DIRS = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
 
 
@@ -256,11 +216,6 @@ def _replica_count(inst, plan, problems):
             f"instance {label!r}: replicas {replicas} but llamafleet_plan[{label!r}] has "
             f"{len(plan.get('instances') or [])} instance(s); set replicas: auto or plan with replicas={replicas}"
         )
-    if inst.get("devices") and replicas > 1:
-        problems.append(
-            f"instance {label!r}: explicit devices with replicas {replicas} would put every replica on the same "
-            "GPUs; drop devices and let the tensor_split plan (replicas: auto) place them"
-        )
     return replicas, replicas > 1
 
 
@@ -282,15 +237,10 @@ def _setting(inst, plan, key, problems):
     return FALLBACKS.get(key)
 
 
-def _tensor_split_arg(value, label, problems):
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    parts = [str(p).strip() for p in items]
-    if not parts or not all(_NUMBER.match(p) and not p.startswith("-") for p in parts):
-        problems.append(f"instance {label!r}: tensor_split must be non-negative numbers like '3,1' or [3, 1]")
-        return None
-    return ",".join(parts)
+def _tensor_split_arg(value):
+    """The -ts argument of a declared tensor_split (None when unset or not numbers: value_problems said so)."""
+    parts = fleet_instances.tensor_split_parts(value) if value is not None else None
+    return ",".join(parts) if parts else None
 
 
 def _placement(inst, plan_inst, plan_mode, caps, problems):
@@ -300,13 +250,11 @@ def _placement(inst, plan_inst, plan_mode, caps, problems):
         inst = dict(inst, split_mode=None)
     explicit = inst.get("devices") is not None
     if explicit:
-        devices = list(inst["devices"])
-        if len(set(devices)) != len(devices) or any(d < 0 for d in devices):
-            problems.append(f"instance {label!r}: devices must be distinct nvidia-smi indices, got {devices}")
+        devices = list(inst["devices"])  # distinct, non-negative: value_problems
         src = {
             "devices": devices,
             "cuda_visible_devices": ",".join(str(d) for d in devices) if devices else None,
-            "tensor_split_arg": _tensor_split_arg(inst.get("tensor_split"), label, problems),
+            "tensor_split_arg": _tensor_split_arg(inst.get("tensor_split")),
             "split_mode": inst.get("split_mode") or (("layer" if len(devices) > 1 else "none") if devices else None),
             "main_gpu": inst.get("main_gpu"),
             "n_gpu_layers": inst.get("n_gpu_layers"),
@@ -324,7 +272,7 @@ def _placement(inst, plan_inst, plan_mode, caps, problems):
                     "instance or re-plan"
                 )
         if inst.get("tensor_split") is not None:  # a forced -ts over the plan's GPUs
-            forced = _tensor_split_arg(inst["tensor_split"], label, problems)
+            forced = _tensor_split_arg(inst["tensor_split"])
             if forced and len(forced.split(",")) != len(src.get("devices") or []):
                 problems.append(
                     f"instance {label!r}: tensor_split {forced} has {len(forced.split(','))} part(s) but the plan "
@@ -378,27 +326,16 @@ def _gpu_device_allow(devices: list[int]) -> list[str]:
 
 
 def _extra_args(inst, flags: _Flags, problems):
+    """The pass-through arguments; refused here only what depends on the binary (flags it removed or does not
+    know): unsafe items and flags the role renders were refused by fleet_instances.value_problems."""
     label = inst["name"]
     out = []
     for tok in inst.get("extra_args") or []:
         tok = str(tok)
-        if not _SAFE.match(tok):
-            problems.append(
-                f"instance {label!r}: extra_args item {tok!r} contains whitespace, a quote, a backslash or '$'; "
-                "pass the flag and its value as separate items without quoting"
-            )
+        flag = tok.split("=", 1)[0]
+        if not _SAFE.match(tok) or (fleet_instances.is_flag(tok) and flag in _CONTROLLED):
             continue
-        if tok.startswith("-") and not _NUMBER.match(tok):
-            flag = tok.split("=", 1)[0]
-            if flag in _CONTROLLED:
-                field = _CONTROLLED[flag]
-                why = (
-                    "API keys never go on the command line; set api_key (delivered as a root-only credential file)"
-                    if field == "api_key"
-                    else f"the role renders it; set the instance's {field} instead"
-                )
-                problems.append(f"instance {label!r}: extra_args may not contain {flag}: {why}")
-                continue
+        if fleet_instances.is_flag(tok):
             if flag in flags.removed:
                 problems.append(f"instance {label!r}: extra_args flag {flag} has been removed from this llama-server")
                 continue
@@ -412,24 +349,13 @@ def _extra_args(inst, flags: _Flags, problems):
     return out
 
 
-def _environment(inst, base_env, problems):
-    label = inst["name"]
+def _environment(inst, base_env):
+    """The unit's environment: the role's, then the instance's (names and values value_problems accepted)."""
     env = dict(base_env)
     for key, value in (inst.get("environment") or {}).items():
-        key = str(key)
-        if not _ENV_KEY.match(key):
-            problems.append(f"instance {label!r}: environment name {key!r} is not a valid variable name")
-            continue
-        if key in RESERVED_ENV:
-            problems.append(f"instance {label!r}: environment may not set {key}: the role sets {RESERVED_ENV[key]}")
-            continue
-        value = _fmt(value)
-        if value and not _SAFE.match(value):
-            problems.append(
-                f"instance {label!r}: environment {key} value contains whitespace, a quote, a backslash or '$'"
-            )
-            continue
-        env[key] = value
+        key, value = str(key), _fmt(value)
+        if fleet_instances.environment_ok(key, value):
+            env[key] = value
     return env
 
 
@@ -620,7 +546,8 @@ def _render_instance(inst, plans, models, model_info, ctx, problems):
     path, info = _model(label, inst, models, model_info, problems)
     if path is None:
         return []
-    problems += fleet_instances.access_problems(inst)  # the resolver's checks, for a direct caller
+    # the resolver's checks, for a direct caller
+    problems += fleet_instances.access_problems(inst) + fleet_instances.value_problems(inst)
     if inst.get("api_key") and not ctx.flags.knows("--api-key-file"):
         problems.append(
             f"instance {label!r}: api_key is set but the binary has no --api-key-file; the key would have "
@@ -667,7 +594,7 @@ def _replica(inst, label, i, suffixed, plan, path, info, settings, ctx, problems
         problems.append(f"instance {name!r}: port {rport} (port + replica index) is above 65535")
     cpus = (plan_inst or {}).get("cpus") or None
     args, notes = _replica_args(inst, name, path, host, rport, settings, plan_inst, cpus, place_args, ctx, problems)
-    env = _environment(inst, env, problems)
+    env = _environment(inst, env)
     timeout = inst.get("health_timeout") or health_timeout(info.get("size_bytes") or 0, ctx.base_s, ctx.per_gib_s)
     has_key = bool(inst.get("api_key"))
     out = {

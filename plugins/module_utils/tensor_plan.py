@@ -1162,36 +1162,30 @@ def _suggest(model, s, pool, matrix, max_gpus):
     return out
 
 
-def plan(gpu_facts, gguf, context=None, devices=None, max_gpus=None, replicas=1, cpu_ok=None, **settings):
-    """Plan llama-server instance(s) for ``gguf`` on the host described by ``gpu_facts``.
-
-    Raises PlanError (with ``details``: needed vs available per GPU, and what would fit) when the
-    model does not fit; the returned dict is documented in the tensor_split module's RETURN block.
-    """
-    model = ModelSpec(gguf)
+def _plan_context(model, context):
+    """The total context to plan: the one given, else the model's training context (llama-server -c 0)."""
     if context is None:
         # llama-server -c 0: the model's training context (src/llama-context.cpp:133)
         if not model.context_length:
             raise PlanError("context is not set and the GGUF has no context_length; set context")
         context = model.context_length
-    s = Settings(model, context, **settings)
-    if replicas != "auto":
-        replicas = _int("replicas", replicas, 1)
-    if max_gpus is not None:
-        max_gpus = _int("max_gpus", max_gpus, 1)
+    return context
 
-    pool, skipped = usable_gpus(gpu_facts, devices)
-    count = int(gpu_facts.get("count") or len(gpu_facts.get("gpus") or []))
-    matrix = (gpu_facts.get("topology") or {}).get("matrix")
-    explanation = _explain_model(model, s)
+
+def _host_notes(gpu_facts, skipped):
+    """Explanation lines about the host's GPUs: the ones left out of the plan, and links that are unknown."""
+    lines = []
     for sk in skipped:
-        explanation.append(f"Skipped GPU {sk['index']}: {sk['reason'].rstrip('.')}; planning on the other GPUs.")
+        lines.append(f"Skipped GPU {sk['index']}: {sk['reason'].rstrip('.')}; planning on the other GPUs.")
     topo_error = (gpu_facts.get("topology") or {}).get("error")
     if topo_error:
-        explanation.append(
-            f"GPU links unknown ({topo_error.rstrip('.')}): GPU sets are chosen by NUMA node and free memory."
-        )
-    settings = {
+        lines.append(f"GPU links unknown ({topo_error.rstrip('.')}): GPU sets are chosen by NUMA node and free memory.")
+    return lines
+
+
+def _settings_report(model, s, replicas):
+    """The plan's ``settings``: the llama-server settings planned for, as llama.cpp derives them."""
+    return {
         "context": s.context,
         "n_ctx": s.cells["n_ctx"],
         "n_ctx_seq": s.cells["n_ctx_seq"],
@@ -1213,41 +1207,77 @@ def plan(gpu_facts, gguf, context=None, devices=None, max_gpus=None, replicas=1,
         "split_mode": s.split_mode,
         "replicas": replicas,
     }
-    result = {"fits": False, "mode": "gpu", "instances": [], "skipped": skipped, "settings": settings}
 
-    if not pool:
-        if cpu_ok is None:
-            cpu_ok = count == 0
-        if not cpu_ok:
-            why = (
-                "no GPUs"
-                if count == 0
-                else "no usable GPU (" + "; ".join(f"GPU {sk['index']}: {sk['reason']}" for sk in skipped) + ")"
-            )
-            raise PlanError(
-                f"Nothing to plan on: {why}. Set cpu_ok=true to plan a CPU-only llama-server, or fix the GPUs.",
-                {"skipped": skipped},
-            )
-        return _cpu_plan(model, s, result, explanation, count)
 
-    max_gpus = min(max_gpus or len(pool), len(pool))
-    if s.split_mode == "none":
-        max_gpus = 1
+def _without_gpus(model, s, result, explanation, count, skipped, cpu_ok):
+    """No usable GPU: a CPU plan where ``cpu_ok`` allows it (unset: only on a host with no GPUs), else refuse."""
+    if cpu_ok is None:
+        cpu_ok = count == 0
+    if not cpu_ok:
+        why = (
+            "no GPUs"
+            if count == 0
+            else "no usable GPU (" + "; ".join(f"GPU {sk['index']}: {sk['reason']}" for sk in skipped) + ")"
+        )
+        raise PlanError(
+            f"Nothing to plan on: {why}. Set cpu_ok=true to plan a CPU-only llama-server, or fix the GPUs.",
+            {"skipped": skipped},
+        )
+    return _cpu_plan(model, s, result, explanation, count)
 
-    instances = []
+
+def _place_replicas(model, s, pool, matrix, max_gpus, target):
+    """Replicas on disjoint GPU sets, each the smallest fitting set by preference, until ``target`` replicas (None:
+    as many as fit) or no set fits; returns ``(instances, remaining GPUs, explanation lines)``."""
+    instances, lines = [], []
     remaining = list(pool)
-    target = None if replicas == "auto" else replicas
     while remaining and (target is None or len(instances) < target):
         inst, worst = find_group(model, s, remaining, matrix, max_gpus)
         if inst is None:
             break
         instances.append(inst)
-        explanation += _explain_instance(model, inst, worst, len(instances))
+        lines += _explain_instance(model, inst, worst, len(instances))
         used = set(inst["devices"])
         remaining = [g for g in remaining if g["index"] not in used]
+    return instances, remaining, lines
 
+
+def plan(gpu_facts, gguf, context=None, devices=None, max_gpus=None, replicas=1, cpu_ok=None, **settings):
+    """Plan llama-server instance(s) for ``gguf`` on the host described by ``gpu_facts``.
+
+    Raises PlanError (with ``details``: needed vs available per GPU, and what would fit) when the
+    model does not fit; the returned dict is documented in the tensor_split module's RETURN block.
+    """
+    model = ModelSpec(gguf)
+    s = Settings(model, _plan_context(model, context), **settings)
+    if replicas != "auto":
+        replicas = _int("replicas", replicas, 1)
+    if max_gpus is not None:
+        max_gpus = _int("max_gpus", max_gpus, 1)
+
+    pool, skipped = usable_gpus(gpu_facts, devices)
+    count = int(gpu_facts.get("count") or len(gpu_facts.get("gpus") or []))
+    matrix = (gpu_facts.get("topology") or {}).get("matrix")
+    explanation = _explain_model(model, s)
+    explanation += _host_notes(gpu_facts, skipped)
+    result = {
+        "fits": False,
+        "mode": "gpu",
+        "instances": [],
+        "skipped": skipped,
+        "settings": _settings_report(model, s, replicas),
+    }
+    if not pool:
+        return _without_gpus(model, s, result, explanation, count, skipped, cpu_ok)
+
+    max_gpus = min(max_gpus or len(pool), len(pool))
+    if s.split_mode == "none":
+        max_gpus = 1
+    target = None if replicas == "auto" else replicas
+    instances, remaining, lines = _place_replicas(model, s, pool, matrix, max_gpus, target)
     if not instances or (target is not None and len(instances) < target):
         raise _refusal(model, s, pool, matrix, max_gpus, instances, target, skipped)
+    explanation += lines
 
     result["fits"] = True
     result["instances"] = instances

@@ -18,6 +18,8 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
     `current`) are found and repaired by the next site.yml, and the run after is on the no-op path;
  3. a models-only upgrade; 4. --check --diff predicts the real run host by host;
  5. an impossible context on a serving host is refused and the old instance still answers;
+ 5b. a bad value for every field of the instance table is refused in the facts stage (changed=0, one message
+    naming host, instance and field for each);
  6. a failing upgrade is rolled back on the canary and the rollout stops;
  6b. a model upgrade to a worse-agreeing MTP head is stopped by the speed gate on the canary (rolled back, no
     release), and goes through with llamafleet_accept_slower=true;
@@ -565,6 +567,38 @@ def test_5_impossible_context_is_refused_before_any_restart(inv, tmp_path_factor
         write_group_vars(inv, gv)
 
 
+def test_5b_every_bad_field_is_refused_in_the_facts_stage(inv, tmp_path_factory):
+    """One instance per field of the table (FIELDS), each valid but for that field (tests/unit/field_cases.py:
+    out of bounds, not a choice, the wrong type, or breaking the field's own rule), declared beside the serving
+    one: site.yml's facts stage refuses the run on every host with one message that names host, instance and
+    field for every one of them, changed=0 everywhere, and the serving instances never restart."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import FIELDS, where
+
+    from tests.unit.field_cases import bad_instances
+
+    pids = {h: main_pid(h) for h in HOSTS}
+    gv = group_vars(inv)
+    good = list(gv["llamafleet_instances"])
+    cases = bad_instances(FIELDS, good[0]["model"])
+    gv["llamafleet_instances"] = good + [inst for _label, inst in cases.values()]
+    write_group_vars(inv, gv)
+    try:
+        run = play("site.yml", inv, tmp_path_factory)
+    finally:
+        gv["llamafleet_instances"] = good
+        write_group_vars(inv, gv)
+    assert run.status == "failed" and run.rc != 0
+    assert all(run.changed(h) == 0 for h in HOSTS), run.stats
+    failed = {h: str(m) for h, _task, m in run.failures()}
+    assert set(failed) == set(HOSTS), run.failures()
+    for h in HOSTS:
+        missing = [key for key, (label, _inst) in cases.items() if f"{where(h, label, key)}:" not in failed[h]]
+        assert not missing, (h, missing, failed[h][-3000:])
+        assert main_pid(h) == pids[h] and health(h) == 200  # still serving, never restarted
+    assert not run.hosts_in("Plan every instance")  # nothing after the facts stage ran
+    print(f"\nfacts stage: {len(cases)} bad fields refused on {len(HOSTS)} hosts in {run.seconds:.1f} s")
+
+
 def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory):
     # A model whose header is valid (download, verification and plan pass) but whose tensor data is cut
     # short: llama-server fails to load it, so the canary's health gate fails after its restart.
@@ -953,9 +987,10 @@ def _status_rows(run):
 
 def test_10c_status_shows_every_instance_as_it_serves(inv, tmp_path_factory, tmp_path):
     """playbooks/status.yml after fresh completions on each instance: one row per instance with what the host and the
-    instance say (build and MTP spelling from build-info, the tuned draft-n-max and slots from the environment file, the model's
-    sha256 from the file on the host, health, MTP acceptance from Prometheus equal to the instance's own counters'
-    ratio), the host as declared; changed=0, and the same rows under --check; --json writes the same rows."""
+    instance say (build and MTP spelling from build-info, the tuned draft-n-max and slots from the environment file,
+    the model's sha256 from the file on the host, health, MTP acceptance from Prometheus equal to the instance's own
+    counters' ratio), the host as declared; changed=0, and the same rows under --check; --json writes the same
+    rows."""
     # 10b restarted one instance (its own counters start again at 0): a few completions on each, then wait until
     # Prometheus has scraped the counters each instance now reports, so both sources have seen the same drafts
     drafted = "llamacpp:spec_decode_num_draft_tokens_total"

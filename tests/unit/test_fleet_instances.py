@@ -461,3 +461,22 @@ def test_one_tensor_split_and_mtp_rule(tmp_path):
     with pytest.raises(tensor_plan.PlanError) as e:
         tensor_plan.plan(gpus, gguf, context=4096, split_mode="tensor", mtp=True)
     assert e.value.message == tensor_plan.tensor_split_mtp_problem("tensor", True, False)
+
+
+def test_every_field_refuses_a_bad_value_naming_host_instance_and_field():
+    """Each field of the table, given a value it must refuse (tests/unit/field_cases.py, derived from FIELDS), is
+    refused by the resolver - the facts stage, before any host changes - naming host, instance and field; one call
+    with all of them lists every problem at once."""
+    from tests.unit.field_cases import bad_instances
+
+    cases = bad_instances(fi.FIELDS, "m")
+    assert set(cases) == set(fi.FIELDS)
+    missed = {}
+    for key, (label, inst) in cases.items():
+        _out, problems = resolve([{"name": "main", "model": "m", "port": 8080}, inst])
+        if not any(p.startswith(fi.where("h1", label, key) + ":") for p in problems):
+            missed[key] = (inst[key], problems)
+    assert not missed, missed
+    _out, problems = resolve([inst for _label, inst in cases.values()])
+    named = {key for key, (label, _inst) in cases.items() if any(fi.where("h1", label, key) in p for p in problems)}
+    assert named == set(cases)

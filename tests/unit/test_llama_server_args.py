@@ -202,7 +202,7 @@ def test_api_key_in_extra_args_refused(model_info, bad):
 @pytest.mark.parametrize("name", ["LLAMA_API_KEY", "LLAMA_ARG_API_KEY", "CUDA_VISIBLE_DEVICES"])
 def test_reserved_environment_refused(model_info, name):
     msg = refused([{"name": "e", "model_path": AGREE, "port": 8083, "environment": {name: "x"}}], model_info)
-    assert f"environment may not set {name}" in msg
+    assert f"instance 'e', field 'environment': may not set {name}" in msg
 
 
 def test_non_loopback_needs_key_or_explicit_permission(model_info):
@@ -267,7 +267,7 @@ def test_extra_args_known_flags_pass_controlled_and_unknown_refused(model_info):
     (r,) = render([dict(base, extra_args=["--top-nsigma", "-1.0", "--cont-batching"])], model_info)
     assert r["args"][-3:] == ["--top-nsigma", "-1.0", "--cont-batching"]
     msg = refused([dict(base, extra_args=["-c", "4096"])], model_info)
-    assert "extra_args may not contain -c: the role renders it; set the instance's context instead" in msg
+    assert "field 'extra_args': may not contain -c: the role renders it; set the instance's context instead" in msg
     msg = refused([dict(base, extra_args=["--no-such-flag"])], model_info)
     assert "--no-such-flag is not an option of this llama-server" in msg
     msg = refused([dict(base, extra_args=["--alias", "two words"])], model_info)
