@@ -275,6 +275,80 @@ def _handle_error_entry(line: str, handle) -> dict:
     return gpu
 
 
+def _query_header(cells: list[str], fields: tuple[str, ...]) -> list[str] | None:
+    """The column names when a CSV line is a header (every cell a field name, one of them known), else None."""
+    names = [_header_name(c) for c in cells]
+    if all(_HEADER_CELL_RE.match(c) for c in cells) and set(names) & set(fields):
+        return names
+    return None
+
+
+def _short_row_entry(line: str, cells: list[str], columns: list[str]) -> dict:
+    """A row with fewer cells than columns: a GPU entry when it is only an error (e.g. "[GPU requires reset]"),
+    else ParseError."""
+    if not _gpu_error_words(line):
+        raise ParseError(
+            f"expected {len(columns)} comma-separated values ({','.join(columns)}) from "
+            f"`nvidia-smi --query-gpu`, found {len(cells)}",
+            line,
+        )
+    gpu = _blank_gpu(None)
+    gpu["healthy"] = False
+    gpu["error"] = one_line(line)
+    return gpu
+
+
+def _row_index(row: dict, errors: list[str], line: str) -> int | None:
+    """The GPU index of a row; None (placed by position later) when absent, not available or an error value."""
+    if "index" not in row:
+        return None
+    if row["index"].isdigit():
+        return int(row["index"])
+    if not (errors or _value(row["index"]) is None):
+        raise ParseError("GPU index is not an integer", line)
+    return None
+
+
+def _row_compute_cap(row: dict, line: str) -> str | None:
+    """The compute capability of a row (MAJOR.MINOR) or None; ParseError for any other value."""
+    cc = _value(row.get("compute_cap", ""))
+    if cc is not None and not re.fullmatch(r"\d+\.\d+", cc):
+        raise ParseError("compute_cap is not MAJOR.MINOR", line)
+    return cc
+
+
+def _row_mig_mode(row: dict, line: str) -> str | None:
+    """The current MIG mode of a row (Enabled / Disabled, any letter case) or None; ParseError for any other value."""
+    mig = _value(row.get("mig.mode.current", ""))
+    if mig is not None and mig.capitalize() not in ("Enabled", "Disabled"):
+        raise ParseError("mig.mode.current is neither Enabled nor Disabled", line)
+    return mig.capitalize() if mig else None
+
+
+def _query_row_entry(row: dict, line: str) -> dict:
+    """The GPU entry of one data row (cells by column name): its values, and healthy: false with the reasons when a
+    field shows an error word or a REQUIRED_FIELDS field is not available."""
+    gpu = _blank_gpu(None)
+    errors = [f"{k}: {v}" for k, v in row.items() if _gpu_error_words(v)]
+    gpu["index"] = _row_index(row, errors, line)
+    gpu["uuid"] = _value(row.get("uuid", ""))
+    gpu["name"] = _value(row.get("name", ""))
+    bus = _value(row.get("pci.bus_id", ""))
+    gpu["pci_bus_id"] = normalize_bus_id(bus) if bus and re.fullmatch(_BUS_ID, bus) else bus
+    gpu["memory_total_mib"] = _mib(row.get("memory.total", ""), "memory.total", line)
+    gpu["memory_used_mib"] = _mib(row.get("memory.used", ""), "memory.used", line)
+    gpu["memory_free_mib"] = _mib(row.get("memory.free", ""), "memory.free", line)
+    if not errors:
+        # "not available" where the planner cannot do without it: unusable, say which field
+        errors = [f"{k}: {row[k]}" for k in REQUIRED_FIELDS if k in row and _value(row[k]) is None]
+    gpu["compute_capability"] = _row_compute_cap(row, line)
+    gpu["mig_mode"] = _row_mig_mode(row, line)
+    if errors:
+        gpu["healthy"] = False
+        gpu["error"] = "; ".join(errors)
+    return gpu
+
+
 def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
     """Parse ``--query-gpu`` CSV (header or not, units or not) into ``{"gpus": [...], "driver_version": ...}``.
 
@@ -298,61 +372,19 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> dict:
             entries.append(_handle_error_entry(line, handle))
             continue
         cells = [c.strip() for c in line.split(",")]
-        names = [_header_name(c) for c in cells]
-        if (
-            not header_seen
-            and not entries
-            and all(_HEADER_CELL_RE.match(c) for c in cells)
-            and set(names) & set(fields)
-        ):
-            columns = names
+        header = None if header_seen or entries else _query_header(cells, fields)
+        if header is not None:
+            columns = header
             header_seen = True
             continue
         if len(cells) < len(columns):
-            if _gpu_error_words(line):  # e.g. a row that is only "[GPU requires reset]"
-                gpu = _blank_gpu(None)
-                gpu["healthy"] = False
-                gpu["error"] = one_line(line)
-                entries.append(gpu)
-                continue
-            raise ParseError(
-                f"expected {len(columns)} comma-separated values ({','.join(columns)}) from "
-                f"`nvidia-smi --query-gpu`, found {len(cells)}",
-                line,
-            )
+            entries.append(_short_row_entry(line, cells, columns))
+            continue
         row = {name: cells[i] for i, name in enumerate(columns)}  # extra trailing cells are ignored
-        gpu = _blank_gpu(None)
-        errors = [f"{k}: {v}" for k, v in row.items() if _gpu_error_words(v)]
-        if "index" in row:
-            if row["index"].isdigit():
-                gpu["index"] = int(row["index"])
-            elif not (errors or _value(row["index"]) is None):
-                raise ParseError("GPU index is not an integer", line)
-        gpu["uuid"] = _value(row.get("uuid", ""))
-        gpu["name"] = _value(row.get("name", ""))
-        bus = _value(row.get("pci.bus_id", ""))
-        gpu["pci_bus_id"] = normalize_bus_id(bus) if bus and re.fullmatch(_BUS_ID, bus) else bus
-        gpu["memory_total_mib"] = _mib(row.get("memory.total", ""), "memory.total", line)
-        gpu["memory_used_mib"] = _mib(row.get("memory.used", ""), "memory.used", line)
-        gpu["memory_free_mib"] = _mib(row.get("memory.free", ""), "memory.free", line)
-        if not errors:
-            # "not available" where the planner cannot do without it: unusable, say which field
-            errors = [f"{k}: {row[k]}" for k in REQUIRED_FIELDS if k in row and _value(row[k]) is None]
-        cc = _value(row.get("compute_cap", ""))
-        if cc is not None and not re.fullmatch(r"\d+\.\d+", cc):
-            raise ParseError("compute_cap is not MAJOR.MINOR", line)
-        gpu["compute_capability"] = cc
-        mig = _value(row.get("mig.mode.current", ""))
-        if mig is not None and mig.capitalize() not in ("Enabled", "Disabled"):
-            raise ParseError("mig.mode.current is neither Enabled nor Disabled", line)
-        gpu["mig_mode"] = mig.capitalize() if mig else None
-        if errors:
-            gpu["healthy"] = False
-            gpu["error"] = "; ".join(errors)
+        entries.append(_query_row_entry(row, line))
         drv = _value(row.get("driver_version", ""))
         if drv:
             driver_versions.append(drv)
-        entries.append(gpu)
     # A device-handle line stands where that GPU's row would be: its position is its index.
     for position, gpu in enumerate(entries):
         if gpu["index"] is None:
@@ -451,6 +483,127 @@ def nvlink_groups(matrix: list[list[str]]) -> list[list[int]]:
     return sorted(g for g in groups.values() if len(g) > 1)
 
 
+_TABLE_MEMORY_RE = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+
+
+def _table_versions(clean: str, text: str) -> dict:
+    """nvidia-smi, driver and CUDA versions from the table's header; ParseError without ``NVIDIA-SMI <version>``."""
+    version = re.search(r"NVIDIA-SMI\s+(\d[\w.]*)", clean)
+    if not version:
+        raise ParseError("no 'NVIDIA-SMI <version>' header in the nvidia-smi table", text)
+    driver = re.search(r"Driver Version:\s*(\d[\w.]*)", clean)
+    cuda = re.search(r"CUDA Version:\s*(\d+\.\d+)", clean)
+    return {
+        "nvidia_smi_version": version.group(1),
+        "driver_version": driver.group(1) if driver else None,
+        "cuda_version": cuda.group(1) if cuda else None,
+    }
+
+
+def _table_section(s: str, section: str | None) -> str | None:
+    """The section a table line opens: "gpu" (the first Bus-Id header), "mig" or "processes"; None when none."""
+    if "Bus-Id" in s and section is None:
+        return "gpu"
+    if s.startswith("| MIG devices:"):
+        return "mig"
+    if s.startswith("| Processes:"):
+        return "processes"
+    return None
+
+
+def _table_gpu_head(cells: list[str]) -> dict | None:
+    """A GPU entry when a GPU-section line opens a GPU's block (index, name, persistence mode | bus id), else None."""
+    first = re.match(r"^\s*(\d+)\s+(.+?)\s+(\S+)\s*$", cells[0])
+    bus = re.search(_BUS_ID, cells[1])
+    if not (first and bus):
+        return None
+    return {
+        "index": int(first.group(1)),
+        "name": first.group(2),
+        "persistence_mode": first.group(3),
+        "pci_bus_id": normalize_bus_id(bus.group(0)),
+        "memory_used_mib": None,
+        "memory_total_mib": None,
+        "mig_mode": None,
+        "healthy": True,
+        "error": None,
+    }
+
+
+def _table_gpu_detail(gpu: dict, block_line: int, cells: list[str]) -> None:
+    """What a later line of a GPU's block adds: memory used/total from the first, the MIG mode from the second."""
+    if block_line == 1:
+        mem = _TABLE_MEMORY_RE.search(cells[1])
+        if mem:
+            gpu["memory_used_mib"] = int(mem.group(1))
+            gpu["memory_total_mib"] = int(mem.group(2))
+    elif block_line == 2 and cells[2].split():
+        mig = cells[2].split()[-1]
+        gpu["mig_mode"] = mig if mig in ("Enabled", "Disabled") else None
+
+
+def _table_gpu_error(gpu: dict, s: str) -> None:
+    """Mark a GPU unhealthy when its block's line shows an error word: the bracketed words or ERR! as the reason."""
+    if _gpu_error_words(s):
+        words = re.search(r"\[[^\]]+\]|ERR!", s, re.IGNORECASE)
+        gpu["healthy"] = False
+        gpu["error"] = words.group(0) if words else one_line(s.strip("|"))
+
+
+def _table_mig_device(cells: list[str]) -> dict | None:
+    """A MIG device entry when a MIG-section line lists GPU, GI, CI, MIG device and memory; else None."""
+    m = re.match(r"^\s*(\d+)\s+(\d+|N/A)\s+(\d+|N/A)\s+(\d+)\s*$", cells[0])
+    mem = _TABLE_MEMORY_RE.search(cells[1])
+    if not (m and mem):
+        return None
+    gi, ci = m.group(2), m.group(3)
+    return {
+        "gpu": int(m.group(1)),
+        "gi": int(gi) if gi.isdigit() else None,
+        "ci": int(ci) if ci.isdigit() else None,
+        "mig_dev": int(m.group(4)),
+        "memory_used_mib": int(mem.group(1)),
+        "memory_total_mib": int(mem.group(2)),
+    }
+
+
+def _table_devices(clean: str) -> tuple[list[dict], list[dict]]:
+    """The table's GPU entries and MIG devices, line by line through its sections; a ``+---`` border ends a
+    GPU's block."""
+    gpus: list[dict] = []
+    mig_devices: list[dict] = []
+    section = None
+    current = None
+    block_line = 0
+    for line in clean.splitlines():
+        s = line.strip()
+        opened = _table_section(s, section)
+        if opened is not None:
+            section = opened
+            if opened != "gpu":
+                current = None
+        if not s.startswith("|") or s.startswith(("|=", "|-")):
+            if s.startswith("+"):
+                current = None
+            continue
+        cells = s.strip("|").split("|")
+        if section == "gpu" and len(cells) >= 3:
+            head = _table_gpu_head(cells)
+            if head is not None:
+                current, block_line = head, 0
+                gpus.append(current)
+            elif current is not None:
+                block_line += 1
+                _table_gpu_detail(current, block_line, cells)
+            if current is not None:
+                _table_gpu_error(current, s)
+        elif section == "mig" and len(cells) >= 2:
+            device = _table_mig_device(cells)
+            if device is not None:
+                mig_devices.append(device)
+    return gpus, mig_devices
+
+
 def parse_table(text: str) -> dict:
     """Parse the plain ``nvidia-smi`` table: header versions, per-GPU lines and the MIG section.
 
@@ -461,82 +614,9 @@ def parse_table(text: str) -> dict:
     """
     clean = clean_text(text)
     raise_for_fatal(clean)
-    version = re.search(r"NVIDIA-SMI\s+(\d[\w.]*)", clean)
-    if not version:
-        raise ParseError("no 'NVIDIA-SMI <version>' header in the nvidia-smi table", text)
-    driver = re.search(r"Driver Version:\s*(\d[\w.]*)", clean)
-    cuda = re.search(r"CUDA Version:\s*(\d+\.\d+)", clean)
-    gpus: list[dict] = []
-    mig_devices: list[dict] = []
-    section = None
-    current = None
-    block_line = 0
-    for line in clean.splitlines():
-        s = line.strip()
-        if "Bus-Id" in s and section is None:
-            section = "gpu"
-        elif s.startswith("| MIG devices:"):
-            section, current = "mig", None
-        elif s.startswith("| Processes:"):
-            section, current = "processes", None
-        if not s.startswith("|") or s.startswith(("|=", "|-")):
-            if s.startswith("+"):
-                current = None
-            continue
-        cells = s.strip("|").split("|")
-        if section == "gpu" and len(cells) >= 3:
-            first = re.match(r"^\s*(\d+)\s+(.+?)\s+(\S+)\s*$", cells[0])
-            bus = re.search(_BUS_ID, cells[1])
-            if first and bus:
-                current = {
-                    "index": int(first.group(1)),
-                    "name": first.group(2),
-                    "persistence_mode": first.group(3),
-                    "pci_bus_id": normalize_bus_id(bus.group(0)),
-                    "memory_used_mib": None,
-                    "memory_total_mib": None,
-                    "mig_mode": None,
-                    "healthy": True,
-                    "error": None,
-                }
-                gpus.append(current)
-                block_line = 0
-            elif current is not None:
-                block_line += 1
-                if block_line == 1:
-                    mem = re.search(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB", cells[1])
-                    if mem:
-                        current["memory_used_mib"] = int(mem.group(1))
-                        current["memory_total_mib"] = int(mem.group(2))
-                elif block_line == 2 and cells[2].split():
-                    mig = cells[2].split()[-1]
-                    current["mig_mode"] = mig if mig in ("Enabled", "Disabled") else None
-            if current is not None and _gpu_error_words(s):
-                words = re.search(r"\[[^\]]+\]|ERR!", s, re.IGNORECASE)
-                current["healthy"] = False
-                current["error"] = words.group(0) if words else one_line(s.strip("|"))
-        elif section == "mig" and len(cells) >= 2:
-            m = re.match(r"^\s*(\d+)\s+(\d+|N/A)\s+(\d+|N/A)\s+(\d+)\s*$", cells[0])
-            mem = re.search(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB", cells[1])
-            if m and mem:
-                gi, ci = m.group(2), m.group(3)
-                mig_devices.append(
-                    {
-                        "gpu": int(m.group(1)),
-                        "gi": int(gi) if gi.isdigit() else None,
-                        "ci": int(ci) if ci.isdigit() else None,
-                        "mig_dev": int(m.group(4)),
-                        "memory_used_mib": int(mem.group(1)),
-                        "memory_total_mib": int(mem.group(2)),
-                    }
-                )
-    return {
-        "nvidia_smi_version": version.group(1),
-        "driver_version": driver.group(1) if driver else None,
-        "cuda_version": cuda.group(1) if cuda else None,
-        "gpus": gpus,
-        "mig_devices": mig_devices,
-    }
+    versions = _table_versions(clean, text)
+    gpus, mig_devices = _table_devices(clean)
+    return {**versions, "gpus": gpus, "mig_devices": mig_devices}
 
 
 _LIST_GPU_RE = re.compile(r"^\s*GPU (\d+): (.+?) \(UUID: ([^)]+)\)\s*$")

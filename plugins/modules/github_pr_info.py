@@ -341,6 +341,106 @@ def save_cache(path, data):
         raise
 
 
+def _counts(client):
+    """The request counts of the result: requests made, and how many were answered 304."""
+    return {"requests": client.requests, "not_modified": client.not_modified}
+
+
+def _checked_repo(module):
+    """The repository without surrounding slashes; the module fails unless it is owner/name."""
+    repo = module.params["repo"].strip("/")
+    if repo.count("/") != 1:
+        module.fail_json(msg=f"repo must be owner/name, got {repo!r}")
+    return repo
+
+
+def _resolve_ref(module, repo):
+    """With ref: the pull request number it names (into params); when it names none, exit with the follow that says
+    so, no request made."""
+    p = module.params
+    if p["ref"] is None:
+        return
+    p["number"] = pr_of_ref(p["ref"])
+    if p["number"] is None:
+        follow = decide(p["ref"], None, None, repo)
+        module.exit_json(
+            changed=False,
+            rate_limited=False,
+            number=None,
+            follow=follow,
+            msg=follow["msg"],
+            requests=0,
+            not_modified=0,
+        )
+
+
+def _release(module, client, repo, sha):
+    """The oldest release tag containing the merge commit sha: the cached one for this merge, else by the API or git;
+    what is learnt goes into the cache."""
+    p = module.params
+    cache = client.cache
+    if cache.get("release", {}).get("merge_commit_sha") == sha:
+        release = cache["release"]["tag"]
+    elif p["release_from"] == "api":
+        known = cache["contains"].get(sha, {})
+        release, memo = release_by_api(client, repo, sha, p["tag_pattern"], p["max_tag_pages"], known)
+        if memo != known:  # release tags never move: what is known stays known
+            cache["contains"] = {sha: memo}
+            client.dirty = True
+    else:
+        release = release_by_git(module, sha, p["tag_pattern"])
+    if release:
+        cache["release"] = {"merge_commit_sha": sha, "tag": release}
+        client.dirty = True
+    return release
+
+
+def _read_pull(module, client, repo):
+    """The pull request's summary and its release (None unless merged and release_from is not none); a rate limit
+    exits with its warning line, any other bad answer fails."""
+    p = module.params
+    try:
+        body = client.get(f"/repos/{repo}/pulls/{p['number']}")[0]
+        pull = pull_summary(body)
+        release = None
+        sha = pull["merge_commit_sha"]
+        if pull["merged"] and sha and p["release_from"] != "none":
+            release = _release(module, client, repo, sha)
+    except RateLimited as e:
+        module.warn(str(e))
+        module.exit_json(changed=False, rate_limited=True, msg=str(e), **_counts(client))
+    except GitHubAnswerError as e:
+        module.fail_json(msg=str(e), rate_limited=False, **_counts(client))
+    return pull, release
+
+
+def _save_changed_cache(module, client, cache_path):
+    """Write the cache when this run changed it, except in check mode; a failed write is only a warning."""
+    if client.dirty and not module.check_mode:
+        try:
+            save_cache(cache_path, client.cache)
+        except OSError as e:
+            module.warn(f"could not write the cache {cache_path}: {e} (the next poll is not conditional)")
+
+
+def _result(module, client, repo, pull, release):
+    """The module's result: the pull request's fields, its release and one-line msg; with ref, what a follower does
+    (its msg, and a warning when it is warn)."""
+    p = module.params
+    where = f"{repo}#{pull['number']}"
+    if pull["merged"]:
+        msg = f"{where} merged {pull['merged_at']} ({pull['merge_commit_sha']}); first release: {release or 'none yet'}"
+    else:
+        msg = f"{where} is {pull['state']} (head {pull['head_sha']})"
+    result = dict(changed=False, rate_limited=False, release=release, msg=msg, **pull, **_counts(client))
+    if p["ref"] is not None:
+        result["follow"] = decide(p["ref"], pull, release, repo)
+        result["msg"] = result["follow"]["msg"]
+        if result["follow"]["action"] == "warn":
+            module.warn(result["msg"])
+    return result
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -364,71 +464,15 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    repo = p["repo"].strip("/")
-    if repo.count("/") != 1:
-        module.fail_json(msg=f"repo must be owner/name, got {repo!r}")
-    if p["ref"] is not None:
-        p["number"] = pr_of_ref(p["ref"])
-        if p["number"] is None:
-            follow = decide(p["ref"], None, None, repo)
-            module.exit_json(
-                changed=False,
-                rate_limited=False,
-                number=None,
-                follow=follow,
-                msg=follow["msg"],
-                requests=0,
-                not_modified=0,
-            )
+    repo = _checked_repo(module)
+    _resolve_ref(module, repo)
     cache_path = os.path.join(p["cache_dir"], f"{repo.replace('/', '_')}_pull_{p['number']}.json")
     cache = load_cache(cache_path)
     cache.setdefault("contains", {})
     client = Client(module, cache)
-
-    def counts():
-        return {"requests": client.requests, "not_modified": client.not_modified}
-
-    try:
-        body = client.get(f"/repos/{repo}/pulls/{p['number']}")[0]
-        pull = pull_summary(body)
-        release = None
-        sha = pull["merge_commit_sha"]
-        if pull["merged"] and sha and p["release_from"] != "none":
-            if cache.get("release", {}).get("merge_commit_sha") == sha:
-                release = cache["release"]["tag"]
-            elif p["release_from"] == "api":
-                known = cache["contains"].get(sha, {})
-                release, memo = release_by_api(client, repo, sha, p["tag_pattern"], p["max_tag_pages"], known)
-                if memo != known:  # release tags never move: what is known stays known
-                    cache["contains"] = {sha: memo}
-                    client.dirty = True
-            else:
-                release = release_by_git(module, sha, p["tag_pattern"])
-            if release:
-                cache["release"] = {"merge_commit_sha": sha, "tag": release}
-                client.dirty = True
-    except RateLimited as e:
-        module.warn(str(e))
-        module.exit_json(changed=False, rate_limited=True, msg=str(e), **counts())
-    except GitHubAnswerError as e:
-        module.fail_json(msg=str(e), rate_limited=False, **counts())
-    if client.dirty and not module.check_mode:
-        try:
-            save_cache(cache_path, cache)
-        except OSError as e:
-            module.warn(f"could not write the cache {cache_path}: {e} (the next poll is not conditional)")
-    where = f"{repo}#{pull['number']}"
-    if pull["merged"]:
-        msg = f"{where} merged {pull['merged_at']} ({sha}); first release: {release or 'none yet'}"
-    else:
-        msg = f"{where} is {pull['state']} (head {pull['head_sha']})"
-    result = dict(changed=False, rate_limited=False, release=release, msg=msg, **pull, **counts())
-    if p["ref"] is not None:
-        result["follow"] = decide(p["ref"], pull, release, repo)
-        result["msg"] = result["follow"]["msg"]
-        if result["follow"]["action"] == "warn":
-            module.warn(result["msg"])
-    module.exit_json(**result)
+    pull, release = _read_pull(module, client, repo)
+    _save_changed_cache(module, client, cache_path)
+    module.exit_json(**_result(module, client, repo, pull, release))
 
 
 if __name__ == "__main__":
