@@ -383,7 +383,8 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
         fh.close()
 
 
-def _parse(fh, path: str, file_size: int) -> GGUFHeader:
+def _read_version(fh, path: str, file_size: int) -> tuple[int, str]:
+    """Check the 'GGUF' magic and decide the version and byte order ('<' or '>') from the first 8 bytes."""
     head = fh.read(8)
     if len(head) < 4:
         raise GGUFError(
@@ -412,10 +413,12 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
         raise GGUFError(
             f"{path}: GGUF version {version} is newer than the supported versions 2 and 3 (at byte offset 4)"
         )
+    return version, endian
 
-    r = _Reader(fh, path, file_size, endian)
-    r.base = 8
 
+def _read_counts(r: _Reader) -> tuple[int, int]:
+    """Read the tensor and metadata key/value counts, rejecting counts the file size makes impossible."""
+    file_size = r.file_size
     off = r.tell()
     n_tensors = r.unpack(r.i64, "tensor count")
     if n_tensors < 0 or n_tensors * 24 > file_size:  # each tensor info takes at least 24 bytes
@@ -429,7 +432,29 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
             f"file is truncated or corrupt: metadata key/value count {n_kv} is impossible for a {file_size}-byte file",
             off,
         )
+    return n_tensors, n_kv
 
+
+def _read_array(r: _Reader, key: str, toff: int) -> tuple[list, int]:
+    """Read the ARRAY value of `key` (after its type) as its element type says; returns (values, element type)."""
+    etype = r.unpack(r.i32, f"array element type of key '{key}'")
+    count = r.unpack(r.u64, f"array length of key '{key}'")
+    if count > GGUF_MAX_ARRAY_ELEMENTS:
+        raise r.fail(f"key '{key}': array length {count} exceeds the maximum {GGUF_MAX_ARRAY_ELEMENTS}")
+    if etype == GGUFValueType.STRING:
+        if r.tell() + 8 * count > r.file_size:
+            raise r.fail(
+                f"file is truncated or corrupt: key '{key}' has {count} strings but only "
+                f"{r.file_size - r.tell()} bytes remain"
+            )
+        return r.strings(count, f"key '{key}'"), etype
+    if etype in _SCALAR_FMT:
+        return r.scalars(etype, count, f"key '{key}'"), etype
+    raise r.fail(f"key '{key}' has invalid GGUF array element type {etype}", toff)
+
+
+def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, tuple[int, int | None]]]:
+    """Read the n_kv metadata pairs, rejecting empty or duplicate keys and invalid value types."""
     metadata: dict[str, Any] = {}
     value_types: dict[str, tuple[int, int | None]] = {}
     for i in range(n_kv):
@@ -442,21 +467,7 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
         toff = r.tell()
         vtype = r.unpack(r.i32, f"type of key '{key}'")
         if vtype == GGUFValueType.ARRAY:
-            etype = r.unpack(r.i32, f"array element type of key '{key}'")
-            count = r.unpack(r.u64, f"array length of key '{key}'")
-            if count > GGUF_MAX_ARRAY_ELEMENTS:
-                raise r.fail(f"key '{key}': array length {count} exceeds the maximum {GGUF_MAX_ARRAY_ELEMENTS}")
-            if etype == GGUFValueType.STRING:
-                if r.tell() + 8 * count > file_size:
-                    raise r.fail(
-                        f"file is truncated or corrupt: key '{key}' has {count} strings but only "
-                        f"{file_size - r.tell()} bytes remain"
-                    )
-                value = r.strings(count, f"key '{key}'")
-            elif etype in _SCALAR_FMT:
-                value = r.scalars(etype, count, f"key '{key}'")
-            else:
-                raise r.fail(f"key '{key}' has invalid GGUF array element type {etype}", toff)
+            value, etype = _read_array(r, key, toff)
             value_types[key] = (GGUFValueType.ARRAY, etype)
         else:
             if vtype not in GGUF_TYPE_NAMES:
@@ -464,7 +475,11 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
             value = _read_value(r, vtype, key)
             value_types[key] = (vtype, None)
         metadata[key] = value
+    return metadata, value_types
 
+
+def _alignment(path: str, metadata: dict[str, Any], value_types: dict[str, tuple[int, int | None]]) -> int:
+    """The data alignment: general.alignment (must be a UINT32 power of 2) or the default 32."""
     alignment = GGUF_DEFAULT_ALIGNMENT
     if "general.alignment" in metadata:
         if value_types["general.alignment"] != (GGUFValueType.UINT32, None):
@@ -473,48 +488,51 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
         alignment = metadata["general.alignment"]
         if alignment == 0 or alignment & (alignment - 1):
             raise GGUFError(f"{path}: general.alignment {alignment} is not a power of 2")
+    return alignment
 
-    tensors: list[TensorInfo] = []
-    seen: set[str] = set()
-    for i in range(n_tensors):
-        off = r.tell()
-        name = r.string(f"name of tensor {i}")
-        if len(name.encode("utf-8")) >= GGML_MAX_NAME:
-            raise r.fail(f"tensor {i} name '{name}' is too long: {len(name)} >= {GGML_MAX_NAME}", off)
-        if name in seen:
-            raise r.fail(f"duplicate tensor name '{name}'", off)
-        seen.add(name)
-        doff = r.tell()
-        n_dims = r.unpack(r.u32, f"dimension count of tensor '{name}'")
-        if n_dims > GGML_MAX_DIMS:
-            raise r.fail(f"tensor '{name}' has {n_dims} dimensions, more than {GGML_MAX_DIMS}", doff)
-        dims = tuple(r.unpack(r.i64, f"dims of tensor '{name}'") for _dummy in range(n_dims))
-        if any(d < 0 for d in dims):
-            raise r.fail(f"tensor '{name}' has a negative dimension {dims}", doff)
-        n_el = 1
-        for d in dims:
-            n_el *= d
-        if n_el >= 2**63:
-            raise r.fail(f"tensor '{name}' shape {dims} overflows int64", doff)
-        toff = r.tell()
-        gtype = r.unpack(r.i32, f"ggml type of tensor '{name}'")
-        if gtype not in GGML_TYPES:
-            raise r.fail(
-                f"tensor '{name}' has invalid ggml type {gtype} (not a ggml type in 0..{GGML_TYPE_COUNT - 1})",
-                toff,
-            )
-        tname, blck, tsize = GGML_TYPES[gtype]
-        row = dims[0] if dims else 1
-        if row % blck:
-            raise r.fail(
-                f"tensor '{name}' of type {tname} has {row} elements per row, not a multiple of block size {blck}", toff
-            )
-        offset = r.unpack(r.u64, f"data offset of tensor '{name}'")
-        tensors.append(TensorInfo(name, dims, gtype, offset, n_el // blck * tsize))
 
-    header_end = r.tell()
+def _read_tensor_info(r: _Reader, i: int, seen: set[str]) -> TensorInfo:
+    """Read tensor info i, rejecting bad names, dims, ggml types and rows that are not whole blocks."""
+    off = r.tell()
+    name = r.string(f"name of tensor {i}")
+    if len(name.encode("utf-8")) >= GGML_MAX_NAME:
+        raise r.fail(f"tensor {i} name '{name}' is too long: {len(name)} >= {GGML_MAX_NAME}", off)
+    if name in seen:
+        raise r.fail(f"duplicate tensor name '{name}'", off)
+    seen.add(name)
+    doff = r.tell()
+    n_dims = r.unpack(r.u32, f"dimension count of tensor '{name}'")
+    if n_dims > GGML_MAX_DIMS:
+        raise r.fail(f"tensor '{name}' has {n_dims} dimensions, more than {GGML_MAX_DIMS}", doff)
+    dims = tuple(r.unpack(r.i64, f"dims of tensor '{name}'") for _dummy in range(n_dims))
+    if any(d < 0 for d in dims):
+        raise r.fail(f"tensor '{name}' has a negative dimension {dims}", doff)
+    n_el = 1
+    for d in dims:
+        n_el *= d
+    if n_el >= 2**63:
+        raise r.fail(f"tensor '{name}' shape {dims} overflows int64", doff)
+    toff = r.tell()
+    gtype = r.unpack(r.i32, f"ggml type of tensor '{name}'")
+    if gtype not in GGML_TYPES:
+        raise r.fail(
+            f"tensor '{name}' has invalid ggml type {gtype} (not a ggml type in 0..{GGML_TYPE_COUNT - 1})",
+            toff,
+        )
+    tname, blck, tsize = GGML_TYPES[gtype]
+    row = dims[0] if dims else 1
+    if row % blck:
+        raise r.fail(
+            f"tensor '{name}' of type {tname} has {row} elements per row, not a multiple of block size {blck}", toff
+        )
+    offset = r.unpack(r.u64, f"data offset of tensor '{name}'")
+    return TensorInfo(name, dims, gtype, offset, n_el // blck * tsize)
+
+
+def _data_section(path: str, tensors: list[TensorInfo], header_end: int, alignment: int, file_size: int):
+    """Decide (data_offset, data_size): offsets must be contiguous and aligned, and the data must fit in the file."""
     data_offset = header_end
-    if n_tensors > 0:
+    if tensors:
         data_offset = (header_end + alignment - 1) // alignment * alignment
     data_size = 0
     for t in tensors:
@@ -532,6 +550,23 @@ def _parse(fh, path: str, file_size: int) -> GGUFHeader:
                 f"{path}: file is truncated: tensor data ends at byte {data_end} (tensor '{last.name}') but the "
                 f"file has {file_size} bytes; the download or copy is incomplete"
             )
+    return data_offset, data_size
+
+
+def _parse(fh, path: str, file_size: int) -> GGUFHeader:
+    version, endian = _read_version(fh, path, file_size)
+
+    r = _Reader(fh, path, file_size, endian)
+    r.base = 8
+    n_tensors, n_kv = _read_counts(r)
+    metadata, value_types = _read_metadata(r, n_kv)
+    alignment = _alignment(path, metadata, value_types)
+
+    seen: set[str] = set()
+    tensors = [_read_tensor_info(r, i, seen) for i in range(n_tensors)]
+
+    header_end = r.tell()
+    data_offset, data_size = _data_section(path, tensors, header_end, alignment, file_size)
     return GGUFHeader(
         path=path,
         version=version,
@@ -706,41 +741,41 @@ def _recurrent_state_elems(arch: str, md: dict, n_embd: int, n_head0: int, key_l
     return r + s
 
 
-def summarize(headers: list[GGUFHeader]) -> dict:
-    """The docs/facts.md `gguf_info` dict for a model given the headers of all its parts."""
-    first = headers[0]
-    md = first.metadata
-    path = first.path
+def _architecture(md: dict, path: str) -> str:
+    """general.architecture, which every model GGUF must name."""
     arch = md.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise GGUFError(f"{path}: key 'general.architecture' is missing; this GGUF does not describe a model")
-    a = arch + "."
+    return arch
 
+
+def _layer_counts(md: dict, a: str, path: str) -> tuple[int, int]:
+    """(block_count, nextn_predict_layers): all blocks (1..LLAMA_MAX_LAYERS) and how many of them are MTP heads."""
     n_layer_all = _req_int(md, a + "block_count", path)
     if not 0 < n_layer_all <= LLAMA_MAX_LAYERS:
         raise GGUFError(f"{path}: {a}block_count is {n_layer_all}, expected 1..{LLAMA_MAX_LAYERS}")
     nextn = _opt_int(md, a + "nextn_predict_layers", 0) or 0
     if nextn > n_layer_all:
         raise GGUFError(f"{path}: {a}nextn_predict_layers ({nextn}) exceeds {a}block_count ({n_layer_all})")
-    n_layer = n_layer_all - nextn
+    return n_layer_all, nextn
 
-    n_embd = _opt_int(md, a + "embedding_length")
-    head_count_raw = md.get(a + "attention.head_count")
-    n_head = _per_layer(md, a + "attention.head_count", n_layer_all, 0, path)
-    n_head = [int(x or 0) for x in n_head]
-    hkv_raw = md.get(a + "attention.head_count_kv")
-    if hkv_raw is None:
+
+def _per_layer_shape(md: dict, a: str, n_layer_all: int, path: str) -> tuple[list, list, list]:
+    """Per-layer (head_count, head_count_kv, feed_forward_length) ints; head_count_kv defaults to head_count."""
+    n_head = [int(x or 0) for x in _per_layer(md, a + "attention.head_count", n_layer_all, 0, path)]
+    if md.get(a + "attention.head_count_kv") is None:
         n_head_kv = list(n_head)  # T: n_head_kv defaults to n_head
     else:
         n_head_kv = [int(x or 0) for x in _per_layer(md, a + "attention.head_count_kv", n_layer_all, 0, path)]
     n_ff = [int(x or 0) for x in _per_layer(md, a + "feed_forward_length", n_layer_all, 0, path)]
-    n_head0 = n_head[0] if n_head else 0
-    default_head = n_embd // n_head0 if n_embd and n_head0 else 0
-    key_length = _opt_int(md, a + "attention.key_length", default_head)
-    value_length = _opt_int(md, a + "attention.value_length", default_head)
+    return n_head, n_head_kv, n_ff
 
-    # which layers are recurrent (T hparams.is_recr_impl), per architecture
-    is_recr = [arch in RECURRENT_ARCHS] * n_layer_all
+
+def _recurrent_mask(
+    arch: str, md: dict, n_layer: int, n_layer_all: int, n_head_kv: list, n_ff: list, path: str
+) -> list[bool]:
+    """Which layers are recurrent (T hparams.is_recr_impl), per architecture."""
+    a = arch + "."
     if arch in _INTERVAL_HYBRIDS:
         rl = md.get(a + "attention.recurrent_layers")
         if isinstance(rl, list):
@@ -749,47 +784,54 @@ def summarize(headers: list[GGUFHeader]) -> dict:
                     f"{path}: key {a}attention.recurrent_layers has wrong array length; "
                     f"expected {n_layer_all}, got {len(rl)}"
                 )
-            is_recr = [bool(x) for x in rl]
-        else:
-            interval = _opt_int(md, a + "full_attention_interval", 4) or 4
-            is_recr = [i < n_layer and (i + 1) % interval != 0 for i in range(n_layer_all)]
-    elif arch == "falcon-h1":
-        is_recr = [True] * n_layer_all
-    elif arch in _NEMOTRON_H:
-        is_recr = [i < n_layer and n_head_kv[i] == 0 and n_ff[i] == 0 for i in range(n_layer_all)]
-    elif arch in HYBRID_ARCHS:
+            return [bool(x) for x in rl]
+        interval = _opt_int(md, a + "full_attention_interval", 4) or 4
+        return [i < n_layer and (i + 1) % interval != 0 for i in range(n_layer_all)]
+    if arch == "falcon-h1":
+        return [True] * n_layer_all
+    if arch in _NEMOTRON_H:
+        return [i < n_layer and n_head_kv[i] == 0 and n_ff[i] == 0 for i in range(n_layer_all)]
+    if arch in HYBRID_ARCHS:
         # jamba, granitehybrid, plamo2, lfm2, lfm2moe, kimi-linear, kimi-k3, glm5-next, bailingmoe3
         # (and deepseek4, whose head_count_kv is never 0): recurrent iff head_count_kv(il) == 0
-        is_recr = [n_head_kv[i] == 0 for i in range(n_layer_all)]
+        return [n_head_kv[i] == 0 for i in range(n_layer_all)]
+    return [arch in RECURRENT_ARCHS] * n_layer_all
 
-    # which trunk layers hold attention KV (T create_memory layer filters)
-    def has_kv(il: int) -> bool:
-        if arch in RECURRENT_ARCHS or n_head_kv[il] == 0:
-            return False
-        if arch == "falcon-h1":
-            return True
-        if arch in _NEMOTRON_H:
-            return not is_recr[il] and n_ff[il] == 0
-        return not is_recr[il]
 
-    kv_layers = [il for il in range(n_layer) if has_kv(il)]
-    recr_layers = [il for il in range(n_layer) if is_recr[il]]
+def _has_kv(arch: str, il: int, n_head_kv: list, n_ff: list, is_recr: list) -> bool:
+    """Whether layer il holds attention KV cache (T create_memory layer filters)."""
+    if arch in RECURRENT_ARCHS or n_head_kv[il] == 0:
+        return False
+    if arch == "falcon-h1":
+        return True
+    if arch in _NEMOTRON_H:
+        return not is_recr[il] and n_ff[il] == 0
+    return not is_recr[il]
 
-    recurrent = None
-    if recr_layers:
-        elems = _recurrent_state_elems(arch, md, n_embd or 0, n_head0, key_length or 0)
-        recurrent = {
-            "layers": recr_layers,
-            "conv_kernel": _opt_int(md, a + "ssm.conv_kernel"),
-            "state_size": _opt_int(md, a + "ssm.state_size"),
-            "group_count": _opt_int(md, a + "ssm.group_count"),
-            "inner_size": _opt_int(md, a + "ssm.inner_size"),
-            "time_step_rank": _opt_int(md, a + "ssm.time_step_rank"),
-            "full_attention_interval": _opt_int(md, a + "full_attention_interval"),
-            "state_bytes_per_layer": 4 * elems,
-        }
 
-    # tensor bytes by role
+def _recurrent_summary(arch: str, md: dict, recr_layers: list, n_embd, n_head0: int, key_length) -> dict | None:
+    """The `recurrent` entry of the summary: the recurrent trunk layers and their state size; None without any."""
+    if not recr_layers:
+        return None
+    a = arch + "."
+    elems = _recurrent_state_elems(arch, md, n_embd or 0, n_head0, key_length or 0)
+    return {
+        "layers": recr_layers,
+        "conv_kernel": _opt_int(md, a + "ssm.conv_kernel"),
+        "state_size": _opt_int(md, a + "ssm.state_size"),
+        "group_count": _opt_int(md, a + "ssm.group_count"),
+        "inner_size": _opt_int(md, a + "ssm.inner_size"),
+        "time_step_rank": _opt_int(md, a + "ssm.time_step_rank"),
+        "full_attention_interval": _opt_int(md, a + "full_attention_interval"),
+        "state_bytes_per_layer": 4 * elems,
+    }
+
+
+def _tensor_bytes_by_role(headers: list[GGUFHeader], n_layer_all: int, n_layer: int) -> tuple[dict, Any, int]:
+    """Sort every tensor's bytes into its role (block N, token_embd, output, output_norm, other).
+
+    Returns (the summary's `tensor_bytes` dict, token_embd's dims or None, the tensor count).
+    """
     per_layer = [0] * n_layer_all
     token_embd = output = output_norm = other = 0
     token_embd_dims = None
@@ -809,7 +851,52 @@ def summarize(headers: list[GGUFHeader]) -> dict:
                 output_norm += t.n_bytes
             else:
                 other += t.n_bytes
+    tensor_bytes = {
+        "per_layer": per_layer,
+        "token_embd": token_embd,
+        "output": output,
+        "output_norm": output_norm,
+        "mtp": sum(per_layer[n_layer:]),
+        "other": other,
+    }
+    return tensor_bytes, token_embd_dims, n_tensors
 
+
+def _vocab_size(md: dict, a: str, token_embd_dims):
+    """Vocabulary size: the tokenizer's token list, else token_embd's ne[1], else {arch}.vocab_size."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        return len(tokens)
+    if token_embd_dims is not None and len(token_embd_dims) >= 2:
+        return token_embd_dims[1]
+    return _opt_int(md, a + "vocab_size")
+
+
+def summarize(headers: list[GGUFHeader]) -> dict:
+    """The docs/facts.md `gguf_info` dict for a model given the headers of all its parts."""
+    first = headers[0]
+    md = first.metadata
+    path = first.path
+    arch = _architecture(md, path)
+    a = arch + "."
+    n_layer_all, nextn = _layer_counts(md, a, path)
+    n_layer = n_layer_all - nextn
+
+    n_embd = _opt_int(md, a + "embedding_length")
+    head_count_raw = md.get(a + "attention.head_count")
+    hkv_raw = md.get(a + "attention.head_count_kv")
+    n_head, n_head_kv, n_ff = _per_layer_shape(md, a, n_layer_all, path)
+    n_head0 = n_head[0] if n_head else 0
+    default_head = n_embd // n_head0 if n_embd and n_head0 else 0
+    key_length = _opt_int(md, a + "attention.key_length", default_head)
+    value_length = _opt_int(md, a + "attention.value_length", default_head)
+
+    is_recr = _recurrent_mask(arch, md, n_layer, n_layer_all, n_head_kv, n_ff, path)
+    kv_layers = [il for il in range(n_layer) if _has_kv(arch, il, n_head_kv, n_ff, is_recr)]
+    recr_layers = [il for il in range(n_layer) if is_recr[il]]
+    recurrent = _recurrent_summary(arch, md, recr_layers, n_embd, n_head0, key_length)
+
+    tensor_bytes, token_embd_dims, n_tensors = _tensor_bytes_by_role(headers, n_layer_all, n_layer)
     decode_bytes = decode_step_bytes(
         [t for h in headers for t in h.tensors],
         n_layer,
@@ -817,14 +904,6 @@ def summarize(headers: list[GGUFHeader]) -> dict:
         _opt_int(md, a + "expert_count", 0) or 0,
         _opt_int(md, a + "expert_used_count", 0) or 0,
     )
-
-    tokens = md.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list):
-        vocab_size = len(tokens)
-    elif token_embd_dims is not None and len(token_embd_dims) >= 2:
-        vocab_size = token_embd_dims[1]
-    else:
-        vocab_size = _opt_int(md, a + "vocab_size")
 
     file_type = _opt_int(md, "general.file_type")
     return {
@@ -843,21 +922,14 @@ def summarize(headers: list[GGUFHeader]) -> dict:
         "context_length": _opt_int(md, a + "context_length"),
         "embedding_length": n_embd,
         "feed_forward_length": _compact(md.get(a + "feed_forward_length")),
-        "vocab_size": vocab_size,
+        "vocab_size": _vocab_size(md, a, token_embd_dims),
         "head_count": _compact(head_count_raw),
         "head_count_kv": _compact(hkv_raw) if hkv_raw is not None else _compact(head_count_raw),
         "key_length": key_length,
         "value_length": value_length,
         "kv_layers": kv_layers,
         "recurrent": recurrent,
-        "tensor_bytes": {
-            "per_layer": per_layer,
-            "token_embd": token_embd,
-            "output": output,
-            "output_norm": output_norm,
-            "mtp": sum(per_layer[n_layer:]),
-            "other": other,
-        },
+        "tensor_bytes": tensor_bytes,
         "decode_bytes": decode_bytes,
     }
 
