@@ -13,6 +13,7 @@ host from the run's stats (ok includes changed; skipped apart), then the per-add
     .venv/bin/python scripts/fleet-bench.py --sizes 6 --noop-only          # hosts already up and converged
     .venv/bin/python scripts/fleet-bench.py --sizes 2 --logs /tmp/fb       # keep each run's output (task times)
     .venv/bin/python scripts/fleet-bench.py --sizes 2 12 --repeat 5        # median of 5 no-op runs per N
+    .venv/bin/python scripts/fleet-bench.py --sizes 2 6 --status --no-join # and playbooks/status.yml per N
 
 Needs what scripts/run-sandbox.sh sets up (images, the llama.cpp mirror, the sandbox model, the artifact
 in the controller cache). The hosts share this machine's CPUs with the controller: the load average before
@@ -64,7 +65,7 @@ def inventory(repo, tmp, prefix, n, extra_vars):
     return inv
 
 
-def run(repo, inv, tmp, env, log=None):
+def run(repo, inv, tmp, env, log=None, playbook="site.yml"):
     import ansible_runner
 
     data = tempfile.mkdtemp(dir=tmp, prefix="runner-")
@@ -73,7 +74,7 @@ def run(repo, inv, tmp, env, log=None):
     r = ansible_runner.run(
         private_data_dir=data,
         project_dir=str(repo),
-        playbook=str(repo / "site.yml"),
+        playbook=str(repo / playbook),
         inventory=str(inv),
         envvars={
             "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
@@ -137,6 +138,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="run the no-op K times and report the median (by wall)")
     ap.add_argument("--no-join", action="store_true", help="skip the joining-host measurement")
     ap.add_argument("--keep", action="store_true", help="leave the hosts up at the end")
+    ap.add_argument("--status", action="store_true", help="also time playbooks/status.yml after the no-op")
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--logs", type=Path, help="keep each run's output here (N-first.txt, N-noop.txt, N-join.txt)")
     a = ap.parse_args()
@@ -173,6 +175,9 @@ def main():
             print(line(n, what, row["noop"], per_host), flush=True)
             if a.repeat > 1:
                 print(f"      no-op walls: {', '.join(f'{w:.1f}' for w in row['noop_walls'])} s", flush=True)
+            if a.status:
+                row["status"] = run(repo, inv, tmp, env, a.logs and a.logs / f"{n}-status.txt", "playbooks/status.yml")
+                print(line(n, "status.yml", row["status"], tasks_summary(row["status"])), flush=True)
             if i == 0 and not a.no_join and not a.noop_only:
                 sandbox(repo, a.prefix, "up", str(n + 1), "12")
                 inv_join = inventory(repo, tmp, a.prefix, n + 1, host_vars)
@@ -205,6 +210,9 @@ def main():
             f"{(b0['noop']['cpu_s'] - a0['noop']['cpu_s']) / dn:.2f} s CPU; "
             f"no-op wall N={b0['n']} / N={a0['n']}: {b0['noop']['wall_s'] / a0['noop']['wall_s']:.2f}x"
         )
+    for r in results:
+        if "status" in r:
+            print(f"status.yml on {r['n']} hosts: {r['status']['wall_s']:.1f} s wall, {r['status']['cpu_s']:.1f} s CPU")
     for r in results:
         if "join" in r:
             print(f"first converge of a host joining the converged {r['n']}-host fleet: {r['join']['wall_s']:.0f} s")
