@@ -497,8 +497,13 @@ def _mtp(label, inst, plan, path, info, ctx, problems):
                 f"lists: {', '.join(ctx.caps.get('spec_types') or []) or 'nothing'}); build llama.cpp with MTP or set "
                 "mtp: false"
             )
-        if not isinstance(draft_n_max, int) or draft_n_max < 1:
-            problems.append(f"instance {label!r}: draft_n_max must be a positive integer, got {draft_n_max!r}")
+        spec = FIELDS["draft_n_max"]  # the plan's value is held to the field's bounds too
+        if (
+            isinstance(draft_n_max, bool)
+            or not isinstance(draft_n_max, int)
+            or not fleet_instances.in_bounds(spec, draft_n_max)
+        ):
+            problems.append(f"instance {label!r}: draft_n_max must be {spec['min']}-{spec['max']}, got {draft_n_max!r}")
     return mtp, draft_n_max, spec_type
 
 

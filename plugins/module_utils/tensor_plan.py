@@ -448,7 +448,7 @@ class Settings:
         self.cache_type_k = _check_cache_type("cache_type_k", cache_type_k)
         self.cache_type_v = _check_cache_type("cache_type_v", cache_type_v)
         self.parallel = _int("parallel", parallel, 1)
-        self.draft_n_max = _int("draft_n_max", draft_n_max, 0)
+        self.draft_n_max = _int("draft_n_max", draft_n_max, 1)
         self.draft_cache_type_k = _check_cache_type("draft_cache_type_k", draft_cache_type_k)
         self.draft_cache_type_v = _check_cache_type("draft_cache_type_v", draft_cache_type_v)
         self.reserve_mib = _int("reserve_mib", reserve_mib, 0)
