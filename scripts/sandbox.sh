@@ -2,7 +2,8 @@
 # The local sandbox fleet: Debian systemd hosts in podman containers, reachable by Ansible
 # through the containers.podman connection. Molecule scenarios use the same images.
 #
-#   sandbox.sh images          build localhost/debian-systemd:12 and :13 once (skipped when present)
+#   sandbox.sh images          build localhost/debian-systemd:12, :13 and :12-ssh once (skipped when present;
+#                              12-ssh adds OpenSSH's server, for the hosts the tests reach over ssh)
 #   sandbox.sh up [N] [SUITE]  start N hosts (default 2) named llama-sandbox-1..N from :SUITE (default 12)
 #                              on the podman network "llamafleet", and the gateway host llama-sandbox-gateway
 #                              (HAProxy, role llama_gateway; SANDBOX_GATEWAY=0 leaves it out, for inventories
@@ -18,18 +19,20 @@ prefix=${SANDBOX_PREFIX:-llama-sandbox}
 network=${SANDBOX_NETWORK:-llamafleet}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
-suite_of() { case "$1" in 12) echo bookworm ;; 13) echo trixie ;; *) echo "unknown Debian release $1" >&2; exit 2 ;; esac; }
+suite_of() { case "${1%-ssh}" in 12) echo bookworm ;; 13) echo trixie ;; *) echo "unknown Debian release $1" >&2; exit 2 ;; esac; }
 
 build_image() {
   local rel=$1 suite tag=localhost/debian-systemd:$1 tarball=$cache/images/debian-systemd-$1.tar
   suite=$(suite_of "$rel")
+  local include=systemd,systemd-sysv,dbus,python3,sudo,iproute2,ca-certificates,procps
+  case "$rel" in *-ssh) include=$include,openssh-server ;; esac
   if podman image exists "$tag"; then return 0; fi
   mkdir -p "$cache/images"
   if [ ! -s "$tarball" ]; then
     local root; root=$(mktemp -d "$cache/images/rootfs-$rel.XXXXXX")
     echo "building $tag with debootstrap ($suite)..." >&2
     debootstrap --variant=minbase \
-      --include=systemd,systemd-sysv,dbus,python3,sudo,iproute2,ca-certificates,procps \
+      --include="$include" \
       "$suite" "$root" "$mirror" >"$cache/images/debootstrap-$rel.log" 2>&1 \
       || { tail -20 "$cache/images/debootstrap-$rel.log" >&2; rm -rf "$root"; exit 1; }
     # Units that make no sense in a container; keep the journal small.
@@ -88,7 +91,7 @@ down() {
 }
 
 case "${1:-}" in
-  images) build_image 12; build_image 13 ;;
+  images) build_image 12; build_image 13; build_image 12-ssh ;;
   up) shift; up "$@" ;;
   down) down ;;
   status) podman ps -a --filter label=llamafleet.sandbox=1 --format '{{.Names}}\t{{.Status}}\t{{.Image}}' ;;

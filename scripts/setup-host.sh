@@ -7,7 +7,7 @@ set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "setup-host.sh: run as root" >&2; exit 1; }
 pkgs=(podman runc debootstrap aardvark-dns netavark uidmap slirp4netns  # netavark needs iptables
       iptables git cmake ninja-build build-essential ccache libssl-dev pkg-config
-      curl ca-certificates python3-venv xz-utils)
+      curl ca-certificates python3-venv xz-utils openssh-client)  # ssh: the tests' hosts reached over ssh
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

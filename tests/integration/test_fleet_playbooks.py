@@ -26,7 +26,9 @@ order, on a copy of inventories/sandbox (the upgrade writes its release file the
  7. deliberate restarts never trip systemd's start limit (8 restarts through the role within a minute);
  8. bench --tags autotune on an instance without a pinned draft_n_max, then site.yml passes with the
     tuned value in the env file;
- 9. a host reached as an unprivileged user with sudo (become) converges site.yml and the upgrade;
+ 9. over ssh (a host with OpenSSH, an unprivileged user with sudo): site.yml converges it, the no-op is timed
+    against the podman harness's, the upgrade moves it, and a host whose sshd is down is UNREACHABLE, named,
+    and holds no one hostage;
 10. the gateway (role llama_gateway on <prefix>-gateway): a killed instance leaves the pool within the
     health-check interval and only requests in flight on it fail; a bad API key gets 401; the file_sd
     targets and both /metrics answer. Test 2 also runs openai clients through the gateway (0 failures);
@@ -795,41 +797,91 @@ def test_8_bench_autotune_then_site(inv, tmp_path_factory, tmp_path):
                     for r in result["rows"]))  # fmt: skip
 
 
-def test_9_non_root_with_become(tmp_path_factory):
-    """A host reached as an unprivileged user with sudo (ansible_user + ansible_become, as in
-    inventories/prod): site.yml converges it and the upgrade moves it; controller-side files (the release
-    file) belong to the user running ansible-playbook."""
-    host = H3
-    subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "3", "12"], check=True, capture_output=True)
-    on_host(host, "useradd", "--create-home", "--shell", "/bin/bash", "deploy")
-    on_host(
-        host,
-        "sh",
-        "-c",
-        "echo 'deploy ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/deploy && chmod 0440 /etc/sudoers.d/deploy",
-    )
-    inv = tmp_path_factory.mktemp("inventory-become") / "sandbox"
+SSH_HOSTS = (f"{PREFIX}-ssh-1", f"{PREFIX}-ssh-2")
+
+
+def _ssh_hosts(key_pub):
+    """Two hosts from the sandbox image with OpenSSH's server (debian-systemd:12-ssh), each with the user deploy:
+    sudo without a password, the controller's key in authorized_keys (as a production host is set up)."""
+    env = dict(os.environ, SANDBOX_PREFIX=f"{PREFIX}-ssh", SANDBOX_GATEWAY="0")
+    subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "2", "12-ssh"], check=True, capture_output=True,
+                   env=env)  # fmt: skip
+    for h in SSH_HOSTS:
+        on_host(h, "useradd", "--create-home", "--shell", "/bin/bash", "deploy")
+        on_host(h, "sh", "-c", "echo 'deploy ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/deploy && chmod 0440 "
+                "/etc/sudoers.d/deploy && install -d -m 700 -o deploy -g deploy /home/deploy/.ssh")  # fmt: skip
+        on_host(h, "sh", "-c", f"printf '%s\\n' '{key_pub}' > /home/deploy/.ssh/authorized_keys && chown deploy: "
+                "/home/deploy/.ssh/authorized_keys && chmod 0600 /home/deploy/.ssh/authorized_keys")  # fmt: skip
+        assert on_host(h, "systemctl", "is-active", "ssh").strip() == "active"
+
+
+def _hosts_file(inv, hosts, connection, key=None):
+    """inventory/hosts.yml: these hosts as llama_hosts, reached as deploy with become over ssh (at the host's
+    address, with the test's key) or through the podman harness."""
+    conn = {"ansible_connection": connection, "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_user": "deploy", "ansible_become": True}  # fmt: skip
+    if connection == "ssh":
+        conn |= {"ansible_ssh_private_key_file": str(key),
+                 "ansible_ssh_common_args": "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"}  # fmt: skip
+    listed = {h: ({"ansible_host": container_ip(h)} if connection == "ssh" else None) for h in hosts}
+    data = {"all": {"children": {"llama_hosts": {"hosts": listed, "vars": conn}}}}
+    (inv / "hosts.yml").write_text("---\n" + yaml.safe_dump(data, sort_keys=False))
+
+
+def test_9_over_ssh_as_a_non_root_user(tmp_path_factory):
+    """The production transport: hosts with OpenSSH reached as an unprivileged user with sudo (ansible_user +
+    ansible_become, as in inventories/prod) over ssh with the checkout's ansible.cfg (pipelining, ControlPersist).
+    site.yml converges a fresh host, the next run is a no-op (timed, and timed again over the podman harness on
+    the same host), and the upgrade moves it; controller-side files (the release file) belong to the user running
+    ansible-playbook. Then a second host whose sshd is stopped is UNREACHABLE over ssh: reported, the run ends
+    non-zero naming it, and the reachable host is read and found as declared."""
+    h, down = SSH_HOSTS
+    keydir = tmp_path_factory.mktemp("ssh-key")
+    key = keydir / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llamafleet-test", "-f", str(key)],
+                   check=True)  # fmt: skip
+    inv = tmp_path_factory.mktemp("inventory-ssh") / "sandbox"
     shutil.copytree(REPO / "inventories" / "sandbox", inv)
-    (inv / "hosts.yml").write_text(
-        f"---\nall:\n  children:\n    llama_hosts:\n      hosts:\n        {H3}:\n      vars:\n"
-        "        ansible_connection: podman\n        ansible_python_interpreter: /usr/bin/python3\n"
-        "        ansible_user: deploy\n        ansible_become: true\n"
-    )
     try:
-        run = ok(play("site.yml", inv, tmp_path_factory), "site.yml as deploy with become")
-        assert run.changed(host) > 0 and health(host) == 200
-        assert "--spec-type mtp " in env_file(host)
-        assert on_host(host, "stat", "-c", "%U", "/home/deploy/.ansible").strip() == "deploy"  # connected as deploy
-        assert on_host(host, "stat", "-c", "%U %a", "/etc/llama-server/main.env").strip() == "root 644"
+        _ssh_hosts(key.with_suffix(".pub").read_text().strip())
+        _hosts_file(inv, [h], "ssh", key)
+        run = ok(play("site.yml", inv, tmp_path_factory), "site.yml over ssh as deploy with become")
+        assert run.changed(h) > 0 and health(h) == 200 and not _unreachable(run)
+        assert "--spec-type mtp " in env_file(h)
+        assert on_host(h, "stat", "-c", "%U", "/home/deploy/.ansible").strip() == "deploy"  # connected as deploy
+        assert on_host(h, "stat", "-c", "%U %a", "/etc/llama-server/main.env").strip() == "root 644"
+        logins = on_host(h, "sh", "-c", "journalctl -u ssh --no-pager | grep -c 'Accepted publickey for deploy'")
+        assert int(logins) > 0  # it came in over ssh
+        noop = ok(play("site.yml", inv, tmp_path_factory), "the no-op over ssh")
+        assert noop.changed(h) == 0
+        _hosts_file(inv, [h], "podman")
+        noop_podman = ok(play("site.yml", inv, tmp_path_factory), "the no-op over the podman harness")
+        assert noop_podman.changed(h) == 0
+        TIMES["no-op, 1 host, over ssh"] = noop.seconds
+        TIMES["no-op, 1 host, over podman exec"] = noop_podman.seconds
+        _hosts_file(inv, [h], "ssh", key)
         up = ok(
             play("playbooks/upgrade.yml", inv, tmp_path_factory, extravars={"llamafleet_upgrade_ref": MAINLINE}),
-            "upgrade as deploy with become",
+            "upgrade over ssh as deploy with become",
         )
-        assert up.changed(host) > 0 and "--spec-type draft-mtp" in env_file(host) and health(host) == 200
+        assert up.changed(h) > 0 and "--spec-type draft-mtp" in env_file(h) and health(h) == 200
         written = inv / "group_vars" / "all" / "llamafleet_release.yml"
         assert written.stat().st_uid == os.getuid() and release(inv)["llamacpp_mtp_build_ref"] == MAINLINE
+        # A host whose sshd does not answer: UNREACHABLE over ssh, and it holds no one hostage
+        on_host(down, "systemctl", "stop", "ssh.service")
+        _hosts_file(inv, [h, down], "ssh", key)
+        rel = release(inv)
+        run = play("site.yml", inv, tmp_path_factory)
+        assert run.status == "failed" and run.rc != 0
+        assert _unreachable(run) == {down}, _unreachable(run)
+        assert run.count("ok", h) > 0 and run.changed(h) == 0, run.stats
+        (fail,) = [m for _, task, m in run.failures() if task.startswith("Fail the run for the hosts")]
+        assert down in fail and h not in fail, fail
+        assert len(run.failures()) == 1, run.failures()  # the reachable host failed nothing
+        assert release(inv) == rel and health(h) == 200
     finally:
-        subprocess.run(["podman", "rm", "-f", "-t", "5", host], capture_output=True)
+        subprocess.run(["podman", "rm", "-f", "-t", "5", *SSH_HOSTS], capture_output=True)
+    print(f"\nno-op on 1 host: {noop.seconds:.1f} s over ssh, {noop_podman.seconds:.1f} s over podman exec")
 
 
 def test_10_gateway_killed_instance_leaves_the_pool_bad_key_401_metrics():
