@@ -130,12 +130,13 @@ class Run:
 
 def play(
     playbook, inventory, tmp_path_factory, *, check=False, extravars=None, limit=None, tags=None, gateway=False,
-    interrupt_at=None,
+    interrupt_at=None, on_event=None,
 ):  # fmt: skip
     """gateway=False skips the gateway's and the monitor's own plays (tags gateway, monitoring): their configuration
     is the same throughout the sequence (same hosts, same ports), scripts/run-sandbox.sh set them up, test 1 and
     the runs with gateway=True run them as users do and tests 10 and 10b check them; the drain around each restart
-    and a failed converge's word to the monitor run in every run (they belong to the converge)."""
+    and a failed converge's word to the monitor run in every run (they belong to the converge). on_event(event) is
+    called with each job event as it comes (to act on the hosts while the run goes on)."""
     import ansible_runner
 
     data = tmp_path_factory.mktemp("runner")
@@ -151,14 +152,16 @@ def play(
     t0 = time.monotonic()
     interrupted = []
 
-    def on_event(event):
+    def handler(event):
         task = (event.get("event_data") or {}).get("task") or ""
         if interrupt_at and event.get("event") == "runner_on_start" and task.startswith(interrupt_at):
             interrupted.append(task)
+        if on_event:
+            on_event(event)
         return True
 
     runner = ansible_runner.run(
-        event_handler=on_event if interrupt_at else None,
+        event_handler=handler if interrupt_at or on_event else None,
         cancel_callback=(lambda: bool(interrupted)) if interrupt_at else None,
         private_data_dir=str(data),
         project_dir=str(REPO),
@@ -834,7 +837,9 @@ def test_9_over_ssh_as_a_non_root_user(tmp_path_factory):
     site.yml converges a fresh host, the next run is a no-op (timed, and timed again over the podman harness on
     the same host), and the upgrade moves it; controller-side files (the release file) belong to the user running
     ansible-playbook. Then a second host whose sshd is stopped is UNREACHABLE over ssh: reported, the run ends
-    non-zero naming it, and the reachable host is read and found as declared."""
+    non-zero naming it, and the reachable host is read and found as declared. Back, it converges; a rolling
+    converge that loses it in its batch (the container killed as its restart starts) fails that batch and ends
+    non-zero with the canary converged, and the next run converges the host."""
     h, down = SSH_HOSTS
     keydir = tmp_path_factory.mktemp("ssh-key")
     key = keydir / "id_ed25519"
@@ -879,6 +884,39 @@ def test_9_over_ssh_as_a_non_root_user(tmp_path_factory):
         assert down in fail and h not in fail, fail
         assert len(run.failures()) == 1, run.failures()  # the reachable host failed nothing
         assert release(inv) == rel and health(h) == 200
+        # Back: it converges. Then a declared change whose rolling converge loses that host in its batch (the
+        # container killed when its restart starts, after the canary passed): the batch fails, the run ends
+        # non-zero, the canary keeps the change; the next run, with the host back (maybe at a new address),
+        # converges it.
+        on_host(down, "systemctl", "start", "ssh.service")
+        _hosts_file(inv, [h, down], "ssh", key)
+        ok(play("site.yml", inv, tmp_path_factory), "site.yml with the second ssh host back")
+        assert health(down) == 200 and "--spec-type draft-mtp" in env_file(down)
+        gv = group_vars(inv)
+        gv["llamafleet_instances"][0]["alias"] = "over-ssh"
+        write_group_vars(inv, gv)
+        killed = []
+
+        def kill_at_its_restart(event):
+            data = event.get("event_data") or {}
+            if (
+                event.get("event") == "runner_on_start" and data.get("host") == down and not killed
+                and (data.get("task") or "").startswith("Restart llama-server@")
+            ):  # fmt: skip
+                killed.append(data["task"])
+                subprocess.run(["podman", "kill", down], capture_output=True)
+
+        run = play("site.yml", inv, tmp_path_factory, on_event=kill_at_its_restart)
+        assert killed and run.status == "failed" and run.rc != 0, (killed, run.status)
+        assert down in _unreachable(run) | {f[0] for f in run.failures()}, (run.stats, run.failures())
+        assert "--alias over-ssh" in env_file(h) and run.changed(h) > 0 and health(h) == 200  # the canary's batch
+        subprocess.run(["podman", "start", down], check=True, capture_output=True)
+        _until(
+            f"{down}'s sshd", lambda: on_host(down, "systemctl", "is-active", "ssh", check=False).strip() == "active"
+        )
+        _hosts_file(inv, [h, down], "ssh", key)
+        again = ok(play("site.yml", inv, tmp_path_factory), "site.yml repairs the host lost in its batch")
+        assert "--alias over-ssh" in env_file(down) and health(down) == 200 and again.changed(h) == 0
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "5", *SSH_HOSTS], capture_output=True)
     print(f"\nno-op on 1 host: {noop.seconds:.1f} s over ssh, {noop_podman.seconds:.1f} s over podman exec")
