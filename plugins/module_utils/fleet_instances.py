@@ -475,6 +475,12 @@ def is_flag(token):
     return token.startswith("-") and not _NUMBER.match(token)
 
 
+def controlled_flag(token):
+    """The flag of an extra_args item when it is one the role renders itself (else None)."""
+    flag = token.split("=", 1)[0]
+    return flag if is_flag(token) and flag in CONTROLLED else None
+
+
 def _extra_args_problems(inst, host, label):
     problems = []
     for tok in inst.get("extra_args") or []:
@@ -484,8 +490,8 @@ def _extra_args_problems(inst, host, label):
                 f"{where(host, label, 'extra_args')}: item {tok!r} contains whitespace, a quote, a backslash or '$'; "
                 "pass the flag and its value as separate items without quoting"
             )
-        elif is_flag(tok) and tok.split("=", 1)[0] in CONTROLLED:
-            flag = tok.split("=", 1)[0]
+        elif controlled_flag(tok):
+            flag = controlled_flag(tok)
             field = CONTROLLED[flag]
             why = (
                 "API keys never go on the command line; set api_key (delivered as a root-only credential file)"

@@ -332,10 +332,10 @@ def _extra_args(inst, flags: _Flags, problems):
     out = []
     for tok in inst.get("extra_args") or []:
         tok = str(tok)
-        flag = tok.split("=", 1)[0]
-        if not _SAFE.match(tok) or (fleet_instances.is_flag(tok) and flag in _CONTROLLED):
-            continue
+        if not _SAFE.match(tok) or fleet_instances.controlled_flag(tok):
+            continue  # value_problems refused it
         if fleet_instances.is_flag(tok):
+            flag = tok.split("=", 1)[0]
             if flag in flags.removed:
                 problems.append(f"instance {label!r}: extra_args flag {flag} has been removed from this llama-server")
                 continue
