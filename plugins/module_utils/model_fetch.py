@@ -22,6 +22,7 @@ import posixpath
 import re
 from urllib.parse import unquote, urlsplit
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils.model_fanout import fanout_plan
 from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import SHA256_RE, check_file_name, gguf_heads
 
 SOURCES = ("hf", "url", "controller")
@@ -514,9 +515,14 @@ PLAN_ARGUMENT_SPEC = {
     "heads": {"type": "dict"},
     "ggufs": {"type": "dict"},
     "commits": {"type": "dict", "default": {}},
+    # Fan-out (model_fanout.fanout_plan): the batch's missing and present files, other hosts' published facts.
+    "fanout_missing": {"type": "dict"},
+    "fanout_files": {"type": "dict", "default": {}},
+    "fanout_facts": {"type": "dict", "default": {}},
+    "fanout_concurrency": {"type": "int", "default": 1},
 }
 PLAN_CONSTRAINTS = {
-    "required_one_of": [["models", "hosts", "fleet_models"]],
+    "required_one_of": [["models", "hosts", "fleet_models", "fanout_missing"]],
     "required_together": [["fleet_models", "needed"]],
     "required_by": {"verified": ["models", "heads", "ggufs"], "manifest": ["models"]},
 }
@@ -545,4 +551,10 @@ def plan(p: dict) -> tuple[dict, list[str]]:
         result["fleet"] = aggregate({h: list(ms or []) for h, ms in p["hosts"].items()})
     if p["fleet_models"] is not None:
         result["controller_work"] = controller_work(p["fleet_models"], p["needed"])
+    if p["fanout_missing"] is not None:
+        if p["fanout_concurrency"] < 1:
+            raise ModelSpecError(f"model_fetch_peer_concurrency must be at least 1, got {p['fanout_concurrency']}")
+        result["fanout"] = fanout_plan(
+            p["fanout_missing"], p["fanout_files"] or {}, p["fanout_facts"] or {}, p["fanout_concurrency"]
+        )
     return result, warnings

@@ -83,6 +83,25 @@ options:
     description: Model name to the commit its files were fetched at (hf models).
     type: dict
     default: {}
+  fanout_missing:
+    description:
+      - Plan a fan-out (C(model_fetch_delivery=fanout)) - host of the batch to its llamafleet.mtp.model_verify
+        C(missing). Returns C(fanout) - C(seed) (host -> the files the controller sends it), C(rounds) (per round,
+        receiver -> its file with C(sources), the hosts to ask in order), C(exports) (host -> the model
+        directories it serves), C(copies) and C(lines) (the plan in words, as check mode prints it).
+    type: dict
+  fanout_files:
+    description: Host to its llamafleet.mtp.model_verify C(files) (status ok = it holds that file).
+    type: dict
+    default: {}
+  fanout_facts:
+    description: Other hosts of the fleet to their published C(model_fetch_facts) (they hold what those list).
+    type: dict
+    default: {}
+  fanout_concurrency:
+    description: Transfers a host serves at once.
+    type: int
+    default: 1
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.controller_action
 """
@@ -142,5 +161,11 @@ facts:
     - Model name to C(path), C(paths), C(sha256), C(size_bytes), C(revision), C(repo), C(source), C(require_mtp),
       C(gguf), C(files) (see docs/facts.md, C(model_fetch_facts)).
   returned: when verified is given
+  type: dict
+fanout:
+  description:
+    - The fan-out plan (see O(fanout_missing)) - C(items), C(seed), C(rounds), C(exports), C(controller),
+      C(copies) (C(controller) and C(peer) copies), C(lines).
+  returned: when fanout_missing is given
   type: dict
 """

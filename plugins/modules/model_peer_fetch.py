@@ -1,0 +1,321 @@
+#!/usr/bin/python
+# MIT License (see LICENSE)
+"""Ansible module llamafleet.mtp.model_peer_fetch: fetch model files from peers' shares, verify, adopt."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_peer_fetch
+short_description: Fetch model files from other hosts' shares (rsync), verify each against its pin, adopt it
+version_added: "0.9.0"
+description:
+  - For each of O(files), asks its O(files[].sources) in order (hosts running a llamafleet.mtp.model_share)
+    with the distribution's C(rsync) client into the file's temp name C(DIR/.NAME.incoming), resuming what an
+    earlier try left there (C(--append-verify)); then checks size and sha256 against the pinned values and
+    renames it into place atomically with its sidecar, exactly as a copy from the controller is adopted.
+  - A source that cannot be reached, refuses, stalls for O(timeout) seconds, is slower than O(min_rate_kib) on
+    average, or sends a file that does not verify (deleted, never adopted) is recorded in the file's
+    C(attempts) and the next source is asked. A file no source could deliver ends with status C(failed) and
+    the module still succeeds - the model_fetch role then copies it from the controller.
+  - A file already in place and verified (its sidecar vouches for it) is left alone.
+  - The share's one-time token goes to rsync in a root-only temporary file (C(--password-file)), never in
+    an argument list or the journal.
+author:
+  - llamafleet maintainers (!UNKNOWN)
+options:
+  files:
+    description: What to fetch.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      model:
+        description: The model's name (the share's rsync module on each source).
+        type: str
+        required: true
+      name:
+        description: The file's name within the model's directory.
+        type: str
+        required: true
+      path:
+        description: Absolute installed path on this host.
+        type: path
+        required: true
+      sha256:
+        description: Expected sha256 (the pin).
+        type: str
+        required: true
+      size:
+        description: Expected size in bytes.
+        type: int
+      sources:
+        description: Hosts to ask, in order - C(host) (its inventory name) and C(address).
+        type: list
+        elements: dict
+        required: true
+  port:
+    description: The shares' port.
+    type: int
+    default: 8873
+  secret:
+    description: The shares' one-time token.
+    type: str
+    required: true
+  bwlimit_kib:
+    description: Bandwidth cap per transfer in KiB/s (rsync C(--bwlimit)); 0 for none.
+    type: int
+    default: 0
+  timeout:
+    description: Seconds without progress (or to connect) before a source is given up.
+    type: int
+    default: 60
+  min_rate_kib:
+    description:
+      - A source that has not delivered the file after its size at this average rate (plus O(timeout)) is given
+        up and the next one asked (what was received is kept and resumed); 0 for no such limit.
+    type: int
+    default: 0
+  owner:
+    description: Owner of adopted files and sidecars.
+    type: str
+  group:
+    description: Group of adopted files and sidecars.
+    type: str
+  mode:
+    description: Mode (octal string) of adopted files and sidecars.
+    type: str
+requirements:
+  - rsync on the host.
+attributes:
+  check_mode:
+    support: full
+    description: Reports which files it would fetch and from which source first (C(would_fetch)); fetches nothing.
+  diff_mode:
+    support: none
+    description: Files are binary model weights.
+"""
+
+EXAMPLES = r"""
+- name: Fetch the tiny model from a peer, the controller being the role's fallback
+  llamafleet.mtp.model_peer_fetch:
+    files:
+      - model: tiny
+        name: tiny.gguf
+        path: /var/lib/llama-models/tiny/tiny.gguf
+        sha256: "{{ pinned }}"
+        sources:
+          - host: gpu-01
+            address: 10.0.0.11
+    secret: "{{ one_time_token }}"
+    owner: root
+    group: llama-server
+    mode: "0640"
+"""
+
+RETURN = r"""
+files:
+  description:
+    - Per file - C(model), C(name), C(path), C(status) (C(adopted), C(ok) already in place, C(failed),
+      C(would_fetch) in check mode), C(source) (the host it came from), C(seconds), C(bytes) received,
+      C(attempts) (C(host), C(error)) for the sources that failed.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+
+from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import (
+    SHA256_RE,
+    VerifyError,
+    adopt,
+    check_file,
+    incoming_path,
+)
+from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
+
+RSYNC_ERRORS = {
+    5: "the share refused the token",
+    10: "cannot connect",
+    12: "the transfer broke off",
+    23: "the share does not have the file",
+    30: "no progress within the timeout",
+    35: "cannot connect within the timeout",
+}
+
+
+def source_url(address: str, port: int, model: str, name: str) -> str:
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"rsync://llamafleet@{host}:{port}/{model}/{name}"
+
+
+def rsync_argv(url: str, dest: str, password_file: str, p: dict) -> list[str]:
+    argv = [
+        "rsync",
+        "--inplace",
+        "--append-verify",
+        "--no-motd",
+        f"--timeout={p['timeout']}",
+        f"--contimeout={p['timeout']}",
+        f"--password-file={password_file}",
+    ]
+    if p["bwlimit_kib"]:
+        argv.append(f"--bwlimit={p['bwlimit_kib']}")
+    return argv + [url, dest]
+
+
+def deadline_of(size: int | None, p: dict) -> float | None:
+    if not p["min_rate_kib"] or not size:
+        return None
+    return size / (p["min_rate_kib"] * 1024.0) + p["timeout"]
+
+
+def run_rsync(argv: list[str], deadline: float | None) -> str | None:
+    """None on success, else why it failed."""
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=deadline, check=False)
+    except subprocess.TimeoutExpired:
+        return f"slower than the minimum rate (no file after {deadline:.0f} s)"
+    if res.returncode == 0:
+        return None
+    why = RSYNC_ERRORS.get(res.returncode, f"rsync exit {res.returncode}")
+    detail = (res.stderr or "").strip().splitlines()
+    return f"{why}: {detail[0]}" if detail else why
+
+
+def fetch_one(f: dict, p: dict, fs: dict, password_file: str) -> dict:
+    """Ask the sources in order until one delivers a file that verifies."""
+    path = f["path"]
+    out = {
+        "model": f["model"],
+        "name": f["name"],
+        "path": path,
+        "status": "failed",
+        "source": None,
+        "seconds": 0.0,
+        "bytes": 0,
+        "attempts": [],
+    }
+    incoming = incoming_path(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    started = time.monotonic()
+    for src in f["sources"]:
+        had = os.path.getsize(incoming) if os.path.exists(incoming) else 0
+        url = source_url(str(src["address"]), p["port"], f["model"], f["name"])
+        why = run_rsync(rsync_argv(url, incoming, password_file, p), deadline_of(f.get("size"), p))
+        got = (os.path.getsize(incoming) if os.path.exists(incoming) else 0) - had
+        out["bytes"] += max(got, 0)
+        if why is None:
+            try:
+                adopt(
+                    incoming, path, f["sha256"].lower(), f.get("size"), source={"origin": f"peer {src['host']}"}, **fs
+                )
+            except VerifyError as e:
+                out["attempts"].append({"host": src["host"], "error": f"refused its copy: {e}"})
+                continue
+            out.update(status="adopted", source=src["host"])
+            break
+        out["attempts"].append({"host": src["host"], "error": why})
+    out["seconds"] = round(time.monotonic() - started, 2)
+    return out
+
+
+def bad_entries(files: list) -> list[str]:
+    out = []
+    for f in files:
+        if not str(f["path"]).startswith("/"):
+            out.append(f"{f['path']}: path must be absolute")
+        if not SHA256_RE.match(str(f["sha256"]).lower()):
+            out.append(f"{f['path']}: sha256 must be 64 hex digits")
+        if any(not isinstance(s, dict) or not s.get("host") or not s.get("address") for s in f["sources"]):
+            out.append(f"{f['path']}: each source needs host and address")
+    return out
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "files": {
+                "type": "list",
+                "elements": "dict",
+                "required": True,
+                "options": {
+                    "model": {"type": "str", "required": True},
+                    "name": {"type": "str", "required": True},
+                    "path": {"type": "path", "required": True},
+                    "sha256": {"type": "str", "required": True},
+                    "size": {"type": "int"},
+                    "sources": {"type": "list", "elements": "dict", "required": True},
+                },
+            },
+            "port": {"type": "int", "default": 8873},
+            "secret": {"type": "str", "required": True, "no_log": True},
+            "bwlimit_kib": {"type": "int", "default": 0},
+            "timeout": {"type": "int", "default": 60},
+            "min_rate_kib": {"type": "int", "default": 0},
+            "owner": {"type": "str"},
+            "group": {"type": "str"},
+            "mode": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    problems = bad_entries(p["files"])
+    if problems:
+        module.fail_json(msg="model_peer_fetch: " + "; ".join(problems))
+    fs = {"owner": p["owner"], "group": p["group"], "mode": int(p["mode"], 8) if p["mode"] else None}
+    results, changed = [], False
+    password_file = None
+    try:
+        for f in p["files"]:
+            state = check_file(f["path"], f["sha256"].lower(), f.get("size"), write=False)
+            if state["status"] == "ok":
+                results.append(
+                    {
+                        "model": f["model"],
+                        "name": f["name"],
+                        "path": f["path"],
+                        "status": "ok",
+                        "source": None,
+                        "seconds": 0.0,
+                        "bytes": 0,
+                        "attempts": [],
+                    }
+                )
+                continue
+            changed = True
+            if module.check_mode:
+                first = f["sources"][0]["host"] if f["sources"] else None
+                results.append(
+                    {
+                        "model": f["model"],
+                        "name": f["name"],
+                        "path": f["path"],
+                        "status": "would_fetch",
+                        "source": first,
+                        "seconds": 0.0,
+                        "bytes": 0,
+                        "attempts": [],
+                    }
+                )
+                continue
+            if password_file is None:
+                fd, password_file = tempfile.mkstemp(
+                    prefix=".llamafleet-share-",
+                    dir="/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None,
+                )
+                with os.fdopen(fd, "w") as pf:
+                    pf.write(p["secret"] + "\n")
+            results.append(fetch_one(f, p, fs, password_file))
+    finally:
+        if password_file:
+            os.unlink(password_file)
+    module.exit_json(changed=changed, files=results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Fan-out delivery of models (model_fetch_delivery: fanout) on real systemd hosts (podman containers from the
+sandbox image), through ansible-runner: the controller sends one copy, the hosts that hold a verified copy serve
+the others through the distribution's rsync daemon (a transient systemd unit), check mode predicts the rounds,
+a peer whose copy is corrupt is refused and the controller delivers instead, and a host that joins with --limit
+fetches from a peer found by the probe. Real parts only: hosts, systemd, rsync, a generated GGUF (the sandbox
+model); the controller source stands in for the controller's cache of a Hugging Face download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "llama-fanout"
+HOSTS = [f"{PREFIX}-{i}" for i in (1, 2, 3, 4)]
+MODEL_DIR = "/var/lib/llama-models/fan"
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or subprocess.run(
+        ["podman", "image", "exists", "localhost/debian-systemd:12"], check=False).returncode != 0,
+    reason="needs podman and the sandbox image (scripts/sandbox.sh images)",
+)  # fmt: skip
+
+
+def on_host(host, *cmd, check=True):
+    return subprocess.run(["podman", "exec", host, *cmd], capture_output=True, text=True, check=check).stdout
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A GGUF with MTP layers (tests/harness/gguf/make_models.py), padded to 24 MiB so a transfer takes a moment."""
+    out = tmp_path_factory.mktemp("model")
+    subprocess.run([sys.executable, str(REPO / "tests/harness/gguf/make_models.py"), "--kind", "agree",
+                    "--out", str(out), "--name", "fan"], check=True, capture_output=True)  # fmt: skip
+    path = out / "fan.gguf"
+    with path.open("ab") as f:
+        f.write(os.urandom(24 * 1024 * 1024))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    env = dict(os.environ, SANDBOX_PREFIX=PREFIX, SANDBOX_GATEWAY="0")
+    subprocess.run(["bash", str(REPO / "scripts/sandbox.sh"), "up", "4", "12"], check=True, env=env,
+                   capture_output=True)  # fmt: skip
+    yield HOSTS
+    subprocess.run(["podman", "rm", "-f", *HOSTS], check=False, capture_output=True)
+
+
+def play(tmp_path_factory, hosts, model, *, check=False, limit=None, extravars=None):
+    import ansible_runner
+
+    data = tmp_path_factory.mktemp("runner")
+    inv = data / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {"fanout_hosts": {"hosts": {h: None for h in hosts}}},
+                                           "vars": {"ansible_connection": "podman",
+                                                    "ansible_python_interpreter": "/usr/bin/python3"}}}))  # fmt: skip
+    path, sha = model
+    ev = {"fanout_models": [{"name": "fan", "source": "controller", "controller_path": str(path), "sha256": sha}],
+          "model_fetch_controller_cache": str(path.parent / "cache")}  # fmt: skip
+    ev.update(extravars or {})
+    t0 = time.monotonic()
+    r = ansible_runner.run(
+        private_data_dir=str(data), playbook=str(REPO / "tests/integration/model_fanout.yml"), inventory=str(inv),
+        extravars=ev, cmdline="--check" if check else None, limit=limit, quiet=True,
+        envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    events = list(r.events)
+    r.seconds = time.monotonic() - t0
+    r.plan = next((e["event_data"]["res"]["msg"] for e in events if e.get("event") == "runner_on_ok"
+                   and e["event_data"].get("task") == "Show the fan-out plan"), None)  # fmt: skip
+    said = "Say where each host's files came from"
+    r.report = {e["event_data"]["host"]: e["event_data"]["res"]["msg"] for e in events
+                if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == said}  # fmt: skip
+    r.changed = sorted(
+        {
+            (e["event_data"]["host"], e["event_data"].get("task"))
+            for e in events
+            if e.get("event") == "runner_on_ok" and (e["event_data"].get("res") or {}).get("changed")
+        }
+    )
+    r.failures = [(e["event_data"].get("host"), e["event_data"].get("task"), e["event_data"]["res"].get("msg"))
+                  for e in events
+                  if e.get("event") == "runner_on_failed" and not e["event_data"].get("ignore_errors")]  # fmt: skip
+    return r
+
+
+def sha_on(host):
+    out = on_host(host, "sha256sum", f"{MODEL_DIR}/fan.gguf", check=False)
+    return out.split()[0] if out else None
+
+
+def no_share_left(host):
+    assert on_host(host, "systemctl", "is-active", "llamafleet-model-share", check=False).strip() != "active"
+    assert on_host(host, "test", "-e", "/run/llamafleet-model-share", check=False) == ""
+    assert subprocess.run(["podman", "exec", host, "test", "-e", "/run/llamafleet-model-share"]).returncode != 0
+    assert on_host(host, "sh", "-c", f"ls -A {MODEL_DIR} | grep -c incoming || true").strip() == "0"
+
+
+def test_fanout_delivery(tmp_path_factory, hosts, model):
+    """Check mode predicts the rounds; the real run follows them with one copy from the controller; a rerun
+    changes nothing; a peer's corrupt copy is refused (one retry, then the controller), never adopted; a host
+    that joins with --limit fetches from a peer the probe finds."""
+    first3 = hosts[:3]
+    predicted = play(tmp_path_factory, first3, model, check=True)
+    assert predicted.status == "successful", predicted.failures
+    assert predicted.plan == [
+        f"round 0: {first3[0]} <- controller (fan/fan.gguf)",
+        f"round 1: {first3[1]} <- {first3[0]} (fan/fan.gguf)",
+        f"round 2: {first3[2]} <- {first3[0]} (fan/fan.gguf)",
+    ], predicted.plan
+    assert all(sha_on(h) is None for h in first3)
+
+    run = play(tmp_path_factory, first3, model)
+    assert run.status == "successful", run.failures
+    assert run.plan == predicted.plan
+    _, sha = model
+    assert [sha_on(h) for h in first3] == [sha] * 3
+    origins = {h: [o["from"] for o in run.report[h]["origins"]] for h in first3}
+    assert origins == {first3[0]: ["controller"], first3[1]: [f"peer {first3[0]}"], first3[2]: [f"peer {first3[0]}"]}
+    size = model[0].stat().st_size
+    assert sum(int(run.report[h]["controller_sent"]) for h in first3) == size  # one copy, whatever the fleet size
+    for h in first3:
+        no_share_left(h)
+    print(f"\nfan-out to 3 hosts: {run.seconds:.1f} s (check mode {predicted.seconds:.1f} s)")
+
+    again = play(tmp_path_factory, first3, model)
+    assert again.status == "successful" and again.plan is None
+    assert again.changed == [], again.changed
+
+    # A corrupt peer: the first host's copy changes, its size and mtime kept, so its own sidecar still vouches
+    # for it (a disk error, a tampered file); the others lose theirs and are planned to fetch from it.
+    on_host(first3[0], "python3", "-c", (
+        "import os; p='" + MODEL_DIR + "/fan.gguf'; st=os.stat(p); f=open(p,'r+b'); f.seek(st.st_size//2); "
+        "f.write(b'\\xff'*4096); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))"))  # fmt: skip
+    for h in first3[1:]:
+        on_host(h, "rm", "-f", f"{MODEL_DIR}/fan.gguf", f"{MODEL_DIR}/fan.gguf.verified.json")
+    bad = play(tmp_path_factory, first3, model)
+    assert bad.status == "successful", bad.failures
+    for h in first3[1:]:
+        assert sha_on(h) == sha  # never the bad file
+        fetched = bad.report[h]["peer_files"]
+        assert [f["status"] for f in fetched] == ["failed"]
+        assert "refused its copy" in fetched[0]["attempts"][0]["error"], fetched
+        assert [o["from"] for o in bad.report[h]["origins"]] == ["controller"]
+    print(f"corrupt peer: {json.dumps(bad.report[first3[2]]['peer_files'][0]['attempts'])}")
+
+    # Repair the first host from its peers (a full check finds the corruption; the next run replaces the file).
+    on_host(first3[0], "rm", "-f", f"{MODEL_DIR}/fan.gguf", f"{MODEL_DIR}/fan.gguf.verified.json")
+    fixed = play(tmp_path_factory, first3, model)
+    assert fixed.status == "successful", fixed.failures
+    assert sha_on(first3[0]) == sha
+    assert [o["from"] for o in fixed.report[first3[0]]["origins"]] == [f"peer {first3[1]}"]
+
+    # A host joins with --limit: the others are outside the run; the probe finds a holder.
+    joined = play(tmp_path_factory, hosts, model, limit=hosts[3])
+    assert joined.status == "successful", joined.failures
+    assert sha_on(hosts[3]) == sha
+    assert [o["from"] for o in joined.report[hosts[3]]["origins"]] == [f"peer {first3[0]}"]
+    assert int(joined.report[hosts[3]]["controller_sent"]) == 0
+    for h in hosts:
+        no_share_left(h)
