@@ -18,6 +18,7 @@ from pathlib import Path
 from tests.harness import github_standin
 
 RELEASE = "b9180"  # the mirror's stand-in for the first release that contains the merge
+SLOWER = "b9181"  # the mirror's stand-in for a later release whose decode is slower (tests/harness/llamacpp/mirror.sh)
 STATES = ("open", "rate_limited", "closed", "merged")
 
 
@@ -34,7 +35,7 @@ class GitHub:
                 text=True,
                 check=True,
             ).stdout.strip()
-            for ref in ("refs/pull/22673/head", "refs/heads/master", f"refs/tags/{RELEASE}")
+            for ref in ("refs/pull/22673/head", "refs/heads/master", f"refs/tags/{RELEASE}", f"refs/tags/{SLOWER}")
         }
         self.set("open")
         self.server, _ = github_standin.serve(self.state_path)
@@ -45,7 +46,9 @@ class GitHub:
             "llamafleet_follow_cache_dir": str(tmp / "github-cache"),
         }
 
-    def set(self, state):
+    def set(self, state, release=RELEASE):
+        """``release``: the tag of the first release that contains the merge (``merged``): RELEASE on the mainline
+        commit, or SLOWER, a commit on top of it (the merge commit is then that commit)."""
         assert state in STATES, state
         pull = {"title": "llama : add MTP speculative decoding", "head_sha": self.sha["refs/pull/22673/head"]}
         repo = {"git_dir": str(self.mirror), "tags": ["mainline-0c1e570"], "pulls": {"22673": pull}}
@@ -54,9 +57,9 @@ class GitHub:
             pull.update(state="closed", closed_at="2026-05-15T10:00:00Z")
         elif state == "merged":
             merged_at = "2026-05-16T09:12:44Z"
-            merge = self.sha["refs/heads/master"]
+            merge = self.sha["refs/heads/master" if release == RELEASE else f"refs/tags/{release}"]
             pull.update(state="closed", merged=True, merged_at=merged_at, merge_commit_sha=merge)
-            repo["tags"].append(RELEASE)
+            repo["tags"] += [RELEASE] if release == RELEASE else [RELEASE, release]
         elif state == "rate_limited":
             top["rate_limited"] = True
         tmp = self.state_path.with_suffix(".tmp")

@@ -132,6 +132,12 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
     assert sum(int(run.report[h]["controller_sent"]) for h in first3) == size  # one copy, whatever the fleet size
     for h in first3:
         no_share_left(h)
+    # The shares' one-time token: masked in the modules' invocation lines in the journal (AnsibleModule logs
+    # every option that is not no_log), and never written where the journal or argv could show it.
+    for h, option in ((first3[0], "max_connections="), (first3[1], "bwlimit_kib=")):  # model_share, model_peer_fetch
+        logged = [line for line in on_host(h, "journalctl", "--no-pager", "-o", "cat").splitlines()
+                  if "Invoked with" in line and option in line]  # fmt: skip
+        assert logged and all("secret=NOT_LOGGING_PARAMETER" in line for line in logged), logged
     print(f"\nfan-out to 3 hosts: {run.seconds:.1f} s (check mode {predicted.seconds:.1f} s)")
 
     again = play(tmp_path_factory, first3, model)

@@ -88,3 +88,39 @@ def test_plan_leaves_unpinned_and_downloaded_files_to_their_source_and_exports_t
     assert plan["lines"][0] == "round 1: h1 <- old (m/a.gguf)"
     with pytest.raises(ValueError):
         mf.schedule({"h": ["k"]}, {}, 0)
+
+
+def test_share_config_serves_read_only_to_one_user_and_hides_temp_files():
+    from ansible_collections.llamafleet.mtp.plugins.modules import model_share
+
+    text = model_share.config_text([{"name": "m", "path": "/models/m"}], "10.0.0.5", 8873, "llama-server", 2)
+    conf = dict(line.split(" = ", 1) for line in text.splitlines() if " = " in line)
+    assert conf["read only"] == "yes" and conf["list"] == "no" and conf["auth users"] == "llamafleet"
+    assert conf["exclude"] == ".*" and conf["address"] == "10.0.0.5" and conf["max connections"] == "2"
+    assert conf["uid"] == "nobody" and conf["gid"] == "llama-server" and conf["strict modes"] == "yes"
+    assert "[m]\npath = /models/m" in text
+    p = {"state": "present", "secret": "", "exports": [{"name": "a/b", "path": "rel"}], "port": 0,
+         "max_connections": 0, "lifetime": 1}  # fmt: skip
+    assert len(model_share.problems_of(p, True)) == 5  # every problem at once
+
+
+def test_peer_fetch_never_puts_the_token_in_argv():
+    from ansible_collections.llamafleet.mtp.plugins.modules import model_peer_fetch as mpf
+
+    p = {"timeout": 30, "bwlimit_kib": 1024, "min_rate_kib": 512}
+    url = mpf.source_url("fd00::5", 8873, "m", "a.gguf")
+    assert url == "rsync://llamafleet@[fd00::5]:8873/m/a.gguf"
+    argv = mpf.rsync_argv(url, "/models/m/.a.gguf.incoming", "/run/.pw", p)
+    assert "--password-file=/run/.pw" in argv and "--bwlimit=1024" in argv and argv[-2:] == [url, argv[-1]]
+    assert mpf.deadline_of(512 * 1024 * 100, p) == 130.0
+    assert mpf.deadline_of(None, p) is None
+
+
+def test_a_peer_slower_than_the_minimum_rate_is_given_up():
+    from ansible_collections.llamafleet.mtp.plugins.modules import model_peer_fetch as mpf
+
+    assert mpf.run_rsync(["sleep", "5"], 0.3).startswith("slower than the minimum rate")
+    assert mpf.run_rsync(["true"], 5) is None
+    assert mpf.run_rsync(["sh", "-c", "echo 'auth failed on module m' >&2; exit 5"], 5) == (
+        "the share refused the token: auth failed on module m"
+    )

@@ -19,6 +19,8 @@
 #                                     mainline tree that spells the type `mtp`, rejects `draft-mtp`,
 #                                     and prints the `--spec-type` help in the old `[none|mtp|...]`
 #                                     form. It is NOT the real PR head (GitHub is unreachable here).
+#   slower-standin, tag b9181         STAND-IN for a later, slower release: master + slower-build-standin.patch
+#                                     (llama-server sleeps 5 ms per decode call), for the speed gate's test.
 #
 # Usage: mirror.sh            create the mirror if missing, print its path
 #        mirror.sh serve      also start `git daemon` (git://<host>:9418/llama.cpp.git), idempotent
@@ -82,6 +84,28 @@ fi
 # The release tag of the merge (added to mirrors made before it existed; a lightweight tag, as llama.cpp's).
 git --git-dir="$mirror" rev-parse -q --verify refs/tags/b9180 >/dev/null \
   || git --git-dir="$mirror" update-ref refs/tags/b9180 refs/heads/master
+
+# STAND-IN for a later release that is slower: tag b9181 on a commit on top of master that adds 5 ms to each
+# decode call of llama-server (slower-build-standin.patch), for the speed gate's test of a PR follower that would
+# take the fleet into a slower build. Fixed dates: the same sha on every machine. Added to existing mirrors too.
+if ! git --git-dir="$mirror" rev-parse -q --verify refs/tags/b9181 >/dev/null; then
+  slow=$(mktemp -d "$cache/mirror-slow.XXXXXX")
+  git clone -q --shared "$mirror" "$slow/tree"
+  (
+    cd "$slow/tree"
+    git checkout -q master
+    git apply "$here/slower-build-standin.patch"
+    git add -A .
+    GIT_AUTHOR_DATE="2026-10-01T00:00:02Z" GIT_COMMITTER_DATE="2026-10-01T00:00:02Z" \
+      git commit -q -m "STAND-IN for a slower release: llama-server sleeps 5 ms in each decode call
+
+Test harness only: a build that serves, passes /health and completes, and decodes
+measurably slower, so the speed gate's test can take the fleet to it through the PR
+follower (tests/integration/test_fleet_playbooks.py, test 6c)."
+    git push -q "$mirror" HEAD:refs/heads/slower-standin HEAD:refs/tags/b9181
+  )
+  rm -rf "$slow"
+fi
 
 case "${1:-}" in
   serve)
