@@ -161,18 +161,27 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
         assert [o["from"] for o in bad.report[h]["origins"]] == ["controller"]
     print(f"corrupt peer: {json.dumps(bad.report[first3[2]]['peer_files'][0]['attempts'])}")
 
-    # Repair the first host from its peers (a full check finds the corruption; the next run replaces the file).
+    # Repair the first host from its peers (a full check finds the corruption; the next run replaces the file),
+    # resuming what an interrupted transfer left: the first half of the file under its temp name.
     on_host(first3[0], "rm", "-f", f"{MODEL_DIR}/fan.gguf", f"{MODEL_DIR}/fan.gguf.verified.json")
+    half = Path(model[0].parent / "half")
+    half.write_bytes(model[0].read_bytes()[: size // 2])
+    subprocess.run(["podman", "cp", str(half), f"{first3[0]}:{MODEL_DIR}/.fan.gguf.incoming"], check=True)
     fixed = play(tmp_path_factory, first3, model)
     assert fixed.status == "successful", fixed.failures
     assert sha_on(first3[0]) == sha
     assert [o["from"] for o in fixed.report[first3[0]]["origins"]] == [f"peer {first3[1]}"]
+    assert fixed.report[first3[0]]["peer_files"][0]["bytes"] == size - size // 2  # resumed, not sent again
 
     # A host joins with --limit: the others are outside the run; the probe finds a holder.
-    joined = play(tmp_path_factory, hosts, model, limit=hosts[3])
+    # Its transfer capped at 8 MiB/s (model_fetch_peer_bwlimit_kib): it cannot take less than the size at the cap.
+    joined = play(tmp_path_factory, hosts, model, limit=hosts[3], extravars={"model_fetch_peer_bwlimit_kib": 8192})
     assert joined.status == "successful", joined.failures
     assert sha_on(hosts[3]) == sha
     assert [o["from"] for o in joined.report[hosts[3]]["origins"]] == [f"peer {first3[0]}"]
     assert int(joined.report[hosts[3]]["controller_sent"]) == 0
+    capped = joined.report[hosts[3]]["peer_files"][0]
+    assert capped["seconds"] >= 0.9 * size / (8192 * 1024), capped
+    print(f"joined with --limit, capped at 8 MiB/s: {capped['bytes']} bytes in {capped['seconds']} s")
     for h in hosts:
         no_share_left(h)
