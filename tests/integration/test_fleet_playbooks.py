@@ -410,6 +410,9 @@ def test_2_upgrade_persists_serves_throughout_and_new_hosts_follow(inv, tmp_path
             assert "--spec-type draft-mtp" in env_file(h)
         assert build_info(new)["commit"] == build_info(H1)["commit"] and "--spec-type draft-mtp" in env_file(new)
         assert health(new) == 200
+        # three hosts: fan-out delivery by default; the joining host's model comes from a converged host
+        origins = [o["from"] for o in _facts(again, new, "model_fetch_origins") or []]
+        assert origins and all(o in (f"peer {H1}", f"peer {H2}") for o in origins), origins
     finally:
         _remove_host(inv, new)
 
@@ -644,6 +647,16 @@ def test_6_failing_upgrade_rolls_back_the_canary_and_stops(inv, tmp_path_factory
 
     value, reason = _until(f"{H1} not as declared on the monitor", lambda: marked()[0] == "0" and marked(), timeout=60)
     assert "rolled back" in reason, reason
+
+
+def _facts(run, host, name):
+    """The last value a task of the run set for the host's fact ``name`` (set_fact), or None."""
+    found = None
+    for e in run.events:
+        d = e.get("event_data") or {}
+        if e.get("event") == "runner_on_ok" and d.get("host") == host:
+            found = ((d.get("res") or {}).get("ansible_facts") or {}).get(name, found)
+    return found
 
 
 def _speed(run, host):
