@@ -125,7 +125,6 @@ files:
 """
 
 import os
-import subprocess
 import tempfile
 import time
 
@@ -174,20 +173,22 @@ def deadline_of(size: int | None, p: dict) -> float | None:
     return size / (p["min_rate_kib"] * 1024.0) + p["timeout"]
 
 
-def run_rsync(argv: list[str], deadline: float | None) -> str | None:
-    """None on success, else why it failed."""
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=deadline, check=False)
-    except subprocess.TimeoutExpired:
-        return f"slower than the minimum rate (no file after {deadline:.0f} s)"
-    if res.returncode == 0:
+def run_rsync(run_command, argv: list[str], deadline: float | None) -> str | None:
+    """None on success, else why it failed. ``run_command``: AnsibleModule.run_command; the deadline goes through
+    coreutils' timeout (exit 124)."""
+    if deadline is not None:
+        argv = ["timeout", f"{deadline:.0f}", *argv]
+    rc, _out, err = run_command(argv)
+    if rc == 0:
         return None
-    why = RSYNC_ERRORS.get(res.returncode, f"rsync exit {res.returncode}")
-    detail = (res.stderr or "").strip().splitlines()
+    if deadline is not None and rc == 124:
+        return f"slower than the minimum rate (no file after {deadline:.0f} s)"
+    why = RSYNC_ERRORS.get(rc, f"rsync exit {rc}")
+    detail = (err or "").strip().splitlines()
     return f"{why}: {detail[0]}" if detail else why
 
 
-def fetch_one(f: dict, p: dict, fs: dict, password_file: str) -> dict:
+def fetch_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     """Ask the sources in order until one delivers a file that verifies."""
     path = f["path"]
     out = {
@@ -206,7 +207,7 @@ def fetch_one(f: dict, p: dict, fs: dict, password_file: str) -> dict:
     for src in f["sources"]:
         had = os.path.getsize(incoming) if os.path.exists(incoming) else 0
         url = source_url(str(src["address"]), p["port"], f["model"], f["name"])
-        why = run_rsync(rsync_argv(url, incoming, password_file, p), deadline_of(f.get("size"), p))
+        why = run_rsync(module.run_command, rsync_argv(url, incoming, password_file, p), deadline_of(f.get("size"), p))
         got = (os.path.getsize(incoming) if os.path.exists(incoming) else 0) - had
         out["bytes"] += max(got, 0)
         if why is None:
@@ -310,7 +311,7 @@ def main() -> None:
                 )
                 with os.fdopen(fd, "w") as pf:
                     pf.write(p["secret"] + "\n")
-            results.append(fetch_one(f, p, fs, password_file))
+            results.append(fetch_one(module, f, p, fs, password_file))
     finally:
         if password_file:
             os.unlink(password_file)

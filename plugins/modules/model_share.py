@@ -20,7 +20,7 @@ description:
   - With O(state=absent), stops the unit and removes its configuration.
   - The configuration and the secrets file live in C(/run/llamafleet-model-share), root-only (0600); the token
     is never in an argument list, a log or the journal.
-  - The model_fetch role (O(model_fetch_delivery=fanout)) starts a share on each host that serves others in a
+  - The model_fetch role (C(model_fetch_delivery=fanout)) starts a share on each host that serves others in a
     run, and stops them all at the end of its delivery.
 author:
   - llamafleet maintainers (!UNKNOWN)
@@ -117,7 +117,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import time
 
 from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
@@ -171,8 +170,22 @@ def write_private(path: str, text: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def systemctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+_RUN = {}  # "module": the AnsibleModule of this run (its run_command runs every command)
+
+
+class Done:
+    """A command's outcome (rc, stdout, stderr)."""
+
+    def __init__(self, rc: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = rc, stdout, stderr
+
+
+def run(argv: list[str]) -> Done:
+    return Done(*_RUN["module"].run_command(argv))
+
+
+def systemctl(*args: str) -> Done:
+    return run(["systemctl", *args])
 
 
 def stop(unit: str) -> bool:
@@ -241,7 +254,7 @@ def start(module, p: dict, address: str) -> None:
         "--no-detach",
         f"--config={RUN_DIR}/rsyncd.conf",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    res = run(cmd)
     if res.returncode != 0:
         module.fail_json(msg=f"could not start the share: {(res.stderr or res.stdout).strip()}", cmd=cmd)
     why = wait_listening(address, p["port"], p["unit"])
@@ -270,6 +283,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    _RUN["module"] = module
     p = module.params
     problems = problems_of(p, module.check_mode)
     if problems:

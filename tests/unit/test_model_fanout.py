@@ -117,10 +117,16 @@ def test_peer_fetch_never_puts_the_token_in_argv():
 
 
 def test_a_peer_slower_than_the_minimum_rate_is_given_up():
+    import subprocess
+
     from ansible_collections.llamafleet.mtp.plugins.modules import model_peer_fetch as mpf
 
-    assert mpf.run_rsync(["sleep", "5"], 0.3).startswith("slower than the minimum rate")
-    assert mpf.run_rsync(["true"], 5) is None
-    assert mpf.run_rsync(["sh", "-c", "echo 'auth failed on module m' >&2; exit 5"], 5) == (
+    def run_command(argv):
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return res.returncode, res.stdout, res.stderr
+
+    assert mpf.run_rsync(run_command, ["sleep", "5"], 0.6).startswith("slower than the minimum rate")
+    assert mpf.run_rsync(run_command, ["true"], 5) is None
+    assert mpf.run_rsync(run_command, ["sh", "-c", "echo 'auth failed on module m' >&2; exit 5"], None) == (
         "the share refused the token: auth failed on module m"
     )
