@@ -188,19 +188,16 @@ def run_rsync(run_command, argv: list[str], deadline: float | None) -> str | Non
     return f"{why}: {detail[0]}" if detail else why
 
 
+def entry(f: dict, status: str, source: str | None = None) -> dict:
+    """A file's result before any transfer."""
+    return {"model": f["model"], "name": f["name"], "path": f["path"], "status": status, "source": source,
+            "seconds": 0.0, "bytes": 0, "attempts": []}  # fmt: skip
+
+
 def fetch_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     """Ask the sources in order until one delivers a file that verifies."""
     path = f["path"]
-    out = {
-        "model": f["model"],
-        "name": f["name"],
-        "path": path,
-        "status": "failed",
-        "source": None,
-        "seconds": 0.0,
-        "bytes": 0,
-        "attempts": [],
-    }
+    out = entry(f, "failed")
     incoming = incoming_path(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     started = time.monotonic()
@@ -275,34 +272,12 @@ def main() -> None:
         for f in p["files"]:
             state = check_file(f["path"], f["sha256"].lower(), f.get("size"), write=False)
             if state["status"] == "ok":
-                results.append(
-                    {
-                        "model": f["model"],
-                        "name": f["name"],
-                        "path": f["path"],
-                        "status": "ok",
-                        "source": None,
-                        "seconds": 0.0,
-                        "bytes": 0,
-                        "attempts": [],
-                    }
-                )
+                results.append(entry(f, "ok"))
                 continue
             changed = True
             if module.check_mode:
                 first = f["sources"][0]["host"] if f["sources"] else None
-                results.append(
-                    {
-                        "model": f["model"],
-                        "name": f["name"],
-                        "path": f["path"],
-                        "status": "would_fetch",
-                        "source": first,
-                        "seconds": 0.0,
-                        "bytes": 0,
-                        "attempts": [],
-                    }
-                )
+                results.append(entry(f, "would_fetch", first))
                 continue
             if password_file is None:
                 fd, password_file = tempfile.mkstemp(
