@@ -21,6 +21,9 @@
 #                                     form. It is NOT the real PR head (GitHub is unreachable here).
 #   slower-standin, tag b9181         STAND-IN for a later, slower release: master + slower-build-standin.patch
 #                                     (llama-server sleeps 5 ms per decode call), for the speed gate's test.
+#   slower20-standin, tag b9182       STAND-IN for a release about 20 % slower: master +
+#                                     slower20-build-standin.patch (compute 1.25x as long), for the gate's
+#                                     repeated runs (scripts/gate_repeat.py).
 #
 # Usage: mirror.sh            create the mirror if missing, print its path
 #        mirror.sh serve      also start `git daemon` (git://<host>:9418/llama.cpp.git), idempotent
@@ -85,27 +88,41 @@ fi
 git --git-dir="$mirror" rev-parse -q --verify refs/tags/b9180 >/dev/null \
   || git --git-dir="$mirror" update-ref refs/tags/b9180 refs/heads/master
 
-# STAND-IN for a later release that is slower: tag b9181 on a commit on top of master that adds 5 ms to each
-# decode call of llama-server (slower-build-standin.patch), for the speed gate's test of a PR follower that would
-# take the fleet into a slower build. Fixed dates: the same sha on every machine. Added to existing mirrors too.
-if ! git --git-dir="$mirror" rev-parse -q --verify refs/tags/b9181 >/dev/null; then
+# STAND-INs for later releases that are slower, for the speed gate's tests: a tag on a commit on top of master
+# with one patch (fixed dates: the same sha on every machine; added to existing mirrors too).
+#   b9181  slower-build-standin.patch: llama-server sleeps 5 ms in each decode call (much slower: the follower's
+#          test, tests/integration/test_fleet_playbooks.py test 6c)
+#   b9182  slower20-build-standin.patch: each model computation is followed by a sleep of a quarter of its own
+#          time (the gate's repeated runs, scripts/gate_repeat.py). Meant as about 20 % fewer tokens/s; measured
+#          -48 % on the sandbox's tiny model, whose computations last microseconds (the sleep's own overhead
+#          dominates), so it is a ~2x-slower build there, not a 20 % one (docs/measurements.md)
+standin_release() {   # standin_release TAG BRANCH PATCH DATE MESSAGE
+  local tag=$1 branch=$2 patch=$3 date=$4 message=$5 slow
+  git --git-dir="$mirror" rev-parse -q --verify "refs/tags/$tag" >/dev/null && return 0
   slow=$(mktemp -d "$cache/mirror-slow.XXXXXX")
   git clone -q --shared "$mirror" "$slow/tree"
   (
     cd "$slow/tree"
     git checkout -q master
-    git apply "$here/slower-build-standin.patch"
+    git apply "$here/$patch"
     git add -A .
-    GIT_AUTHOR_DATE="2026-10-01T00:00:02Z" GIT_COMMITTER_DATE="2026-10-01T00:00:02Z" \
-      git commit -q -m "STAND-IN for a slower release: llama-server sleeps 5 ms in each decode call
+    GIT_AUTHOR_DATE="$date" GIT_COMMITTER_DATE="$date" git commit -q -m "$message"
+    git push -q "$mirror" "HEAD:refs/heads/$branch" "HEAD:refs/tags/$tag"
+  )
+  rm -rf "$slow"
+}
+standin_release b9181 slower-standin slower-build-standin.patch 2026-10-01T00:00:02Z \
+  "STAND-IN for a slower release: llama-server sleeps 5 ms in each decode call
 
 Test harness only: a build that serves, passes /health and completes, and decodes
 measurably slower, so the speed gate's test can take the fleet to it through the PR
 follower (tests/integration/test_fleet_playbooks.py, test 6c)."
-    git push -q "$mirror" HEAD:refs/heads/slower-standin HEAD:refs/tags/b9181
-  )
-  rm -rf "$slow"
-fi
+standin_release b9182 slower20-standin slower20-build-standin.patch 2026-10-01T00:00:03Z \
+  "STAND-IN for a release about 20 % slower: each model computation takes 1.25x as long
+
+Test harness only: a build that serves, passes /health and completes, and whose
+tokens/s are about 20 % lower on any machine, for the speed gate's repeated runs
+(scripts/gate_repeat.py)."
 
 case "${1:-}" in
   serve)
