@@ -15,7 +15,11 @@ The sandbox hosts share this machine's cores: by default each host is pinned to 
 --cpuset-cpus; the plan then gives its instance --threads 1), as a fleet of separate machines would be, and this
 is said in the output; --no-pin measures on the shared cores. Afterwards the sandbox is put back.
 
+--model-embd 768 serves a generated model (fleet_load.py's) whose computations last milliseconds, where b9182 is
+about 20 % slower; the default measures the sandbox's tiny model.
+
   .venv/bin/python scripts/gate_repeat.py [--rounds 5] [--margin 0.1] [--runs 6] [--n-predict 64]
+                                          [--model-embd 768 --model-layers 6]
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ VERDICT_TASK = "Compare with the baseline"
 
 
 def inventory(args):
-    inv = Path(tempfile.mkdtemp(prefix="gate-repeat-")) / "sandbox"
-    shutil.copytree(REPO / "inventories" / "sandbox", inv)
+    if args.model_embd:
+        args.parallel = 1
+        inv, _name = fl.bench_inventory(args)
+    else:
+        inv = Path(tempfile.mkdtemp(prefix="gate-repeat-")) / "sandbox"
+        shutil.copytree(REPO / "inventories" / "sandbox", inv)
     gv_path = inv / "group_vars" / "llama_hosts.yml"
     gv = yaml.safe_load(gv_path.read_text())
     gv["llamafleet_speed_gate"] = {**gv.get("llamafleet_speed_gate", {}), "margin": args.margin, "runs": args.runs,
@@ -60,11 +68,16 @@ def play(playbook, inv, extravars=None):
     import ansible_runner
 
     data = Path(tempfile.mkdtemp(prefix="gate-repeat-run-"))
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    # ansible-runner runs ansible-playbook from PATH: the one beside this interpreter (the venv's), activated or not
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     run = ansible_runner.run(private_data_dir=str(data), project_dir=str(REPO), playbook=str(REPO / playbook),
                              inventory=str(inv), extravars=extravars or {}, envvars=env, quiet=True,
                              rotate_artifacts=1)  # fmt: skip
     events = list(run.events)
+    if run.status != "successful" and not any(e.get("event") == "playbook_on_task_start" for e in events):
+        sys.stderr.write("".join(e.get("stdout") or "" for e in events)[-2000:] + "\n")
+        raise SystemExit(f"{playbook} did not run (ansible-runner: {run.status})")
     shutil.rmtree(data, ignore_errors=True)
     return run.status, events
 
@@ -113,13 +126,22 @@ def main():
     p.add_argument("--slower-ref", default="b9182")
     p.add_argument("--no-pin", action="store_true", help="leave the hosts on the shared cores")
     p.add_argument("--prefix-name", default="llama-sandbox")
+    p.add_argument(
+        "--model-embd",
+        type=int,
+        default=0,
+        help="serve a generated model this wide, so a computation lasts milliseconds (0: the sandbox's)",
+    )
+    p.add_argument("--model-layers", type=int, default=6, help="with --model-embd")
     args = p.parse_args()
     hosts, _gw = fl.sandbox_hosts(args.prefix_name)
     everything = f"0-{(os.cpu_count() or 2) - 1}"
     inv = inventory(args)
     rows = []
     print(f"sandbox hosts {hosts}: {'shared cores' if args.no_pin else 'each host pinned to its own core'}; "
-          f"gate margin {args.margin:.0%}, {args.runs} runs of {args.n_predict} tokens", flush=True)  # fmt: skip
+          f"gate margin {args.margin:.0%}, {args.runs} runs of {args.n_predict} tokens; model: "
+          f"{f'generated, {args.model_embd} wide, {args.model_layers} layers' if args.model_embd else 'the sandbox'}",
+          flush=True)  # fmt: skip
     try:
         if not args.no_pin:
             for i, h in enumerate(hosts):
