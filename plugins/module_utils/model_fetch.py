@@ -520,6 +520,7 @@ PLAN_ARGUMENT_SPEC = {
     "fanout_files": {"type": "dict", "default": {}},
     "fanout_facts": {"type": "dict", "default": {}},
     "fanout_concurrency": {"type": "int", "default": 1},
+    "fanout_pieces_min": {"type": "int", "default": 0},
 }
 PLAN_CONSTRAINTS = {
     "required_one_of": [["models", "hosts", "fleet_models", "fanout_missing"]],
@@ -554,7 +555,13 @@ def plan(p: dict) -> tuple[dict, list[str]]:
     if p["fanout_missing"] is not None:
         if p["fanout_concurrency"] < 1:
             raise ModelSpecError(f"model_fetch_peer_concurrency must be at least 1, got {p['fanout_concurrency']}")
+        if p["fanout_pieces_min"] < 0:
+            raise ModelSpecError(f"model_fetch_fanout_pieces_min must be 0 or more, got {p['fanout_pieces_min']}")
         result["fanout"] = fanout_plan(
-            p["fanout_missing"], p["fanout_files"] or {}, p["fanout_facts"] or {}, p["fanout_concurrency"]
+            p["fanout_missing"],
+            p["fanout_files"] or {},
+            p["fanout_facts"] or {},
+            p["fanout_concurrency"],
+            p["fanout_pieces_min"],
         )
     return result, warnings

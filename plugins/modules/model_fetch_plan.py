@@ -88,7 +88,10 @@ options:
       - Plan a fan-out (C(model_fetch_delivery=fanout)) - host of the batch to its llamafleet.mtp.model_verify
         C(missing). Returns C(fanout) - C(seed) (host -> the files the controller sends it), C(rounds) (per round,
         receiver -> its file with C(sources), the hosts to ask in order), C(exports) (host -> the model
-        directories it serves), C(copies) and C(lines) (the plan in words, as check mode prints it).
+        directories it serves), C(connections) (host -> peers its share admits at once), C(pieces) and
+        C(seed_pieces) (a file nobody holds that at least O(fanout_pieces_min) hosts need - its pieces and the
+        host the controller sends each to; its round gives every receiver the C(pieces) to gather), C(copies)
+        and C(lines) (the plan in words, as check mode prints it).
     type: dict
   fanout_files:
     description: Host to its llamafleet.mtp.model_verify C(files) (status ok = it holds that file).
@@ -102,6 +105,13 @@ options:
     description: Transfers a host serves at once.
     type: int
     default: 1
+  fanout_pieces_min:
+    description:
+      - A file nobody holds that at least this many hosts of the batch need goes out in pieces - one per
+        receiver from the controller, then each receiver gathers the others' pieces at once; 0 never (whole
+        files in doubling rounds).
+    type: int
+    default: 0
 extends_documentation_fragment:
   - llamafleet.mtp.attributes.controller_action
 """

@@ -18,6 +18,13 @@ description:
     average, or sends a file that does not verify (deleted, never adopted) is recorded in the file's
     C(attempts) and the next source is asked. A file no source could deliver ends with status C(failed) and
     the module still succeeds - the model_fetch role then copies it from the controller.
+  - A file with O(files[].pieces) is gathered instead - each piece from its holder's share (C(DIR/.NAME.piece-I),
+    the controller sent it there), up to O(piece_parallel) at once, each checked against its
+    O(files[].piece_sha256) and written at its offset into the temp name; a piece this host already holds (the
+    controller's, or one an interrupted run left) is used as it is once it verifies, and a region of the temp name
+    that already matches its piece is kept. Then the whole file is verified and adopted as above. A piece no source
+    delivers fails the file (the role then copies it whole from the controller); the pieces it fetched are
+    deleted once written, the ones it was sent are left for the role to remove after the shares stop.
   - A file already in place and verified (its sidecar vouches for it) is left alone.
   - The share's one-time token goes to rsync in a root-only temporary file (C(--password-file)), never in
     an argument list or the journal.
@@ -54,6 +61,16 @@ options:
         type: list
         elements: dict
         required: true
+      pieces:
+        description:
+          - Gather the file from pieces - C(index), C(offset), C(size) and C(holder) (the inventory name of the
+            host whose share serves it, one of O(files[].sources), or this host for the piece it was sent).
+        type: list
+        elements: dict
+      piece_sha256:
+        description: The sha256 of each piece, by index (the controller computes them as it splits the file).
+        type: list
+        elements: str
   port:
     description: The shares' port.
     type: int
@@ -70,10 +87,15 @@ options:
     description: Seconds without progress (or to connect) before a source is given up.
     type: int
     default: 60
+  piece_parallel:
+    description: Pieces fetched at once (each from its own holder).
+    type: int
+    default: 16
   min_rate_kib:
     description:
       - A source that has not delivered the file after its size at this average rate (plus O(timeout)) is given
-        up and the next one asked (what was received is kept and resumed); 0 for no such limit.
+        up and the next one asked (what was received is kept and resumed); 0 for no such limit. Pieces - every
+        piece within the whole file's time at this rate (they arrive side by side).
     type: int
     default: 0
   owner:
@@ -90,7 +112,9 @@ requirements:
 attributes:
   check_mode:
     support: full
-    description: Reports which files it would fetch and from which source first (C(would_fetch)); fetches nothing.
+    description: >-
+      Reports which files it would fetch and from which source first, or from which peers in pieces
+      (C(would_fetch)); fetches nothing.
   diff_mode:
     support: none
     description: Files are binary model weights.
@@ -118,16 +142,20 @@ files:
   description:
     - Per file - C(model), C(name), C(path), C(status) (C(adopted), C(ok) already in place, C(failed),
       C(would_fetch) in check mode), C(source) (the host it came from), C(seconds), C(bytes) received,
-      C(attempts) (C(host), C(error)) for the sources that failed.
+      C(attempts) (C(host), C(error)) for the sources that failed; a gathered file also C(pieces) (how many)
+      and C(source) the holders it came from.
   returned: always
   type: list
   elements: dict
 """
 
+import hashlib
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.llamafleet.mtp.plugins.module_utils.model_fanout import piece_name
 from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import (
     SHA256_RE,
     VerifyError,
@@ -222,6 +250,113 @@ def fetch_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     return out
 
 
+CHUNK = 4 * 1024 * 1024
+
+
+def region_sha256(path: str, offset: int, size: int) -> str | None:
+    """sha256 of ``size`` bytes of ``path`` from ``offset``; None when the file is shorter."""
+    if not os.path.exists(path) or os.path.getsize(path) < offset + size:
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = size
+        while left > 0:
+            block = f.read(min(CHUNK, left))
+            if not block:
+                return None
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def place_piece(piece_path: str, incoming: str, offset: int) -> None:
+    """Write a verified piece at its offset into the temp name (the other pieces are written beside it)."""
+    fd = os.open(incoming, os.O_WRONLY)
+    try:
+        with open(piece_path, "rb") as src:
+            pos = offset
+            while True:
+                block = src.read(CHUNK)
+                if not block:
+                    break
+                os.pwrite(fd, block, pos)
+                pos += len(block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def gather_piece(module, f: dict, piece: dict, ctx: dict) -> dict:
+    """One piece into the temp name: kept when its region already matches, else the piece file this host holds
+    or fetches from its holder, verified, then written at its offset. Returns {index, bytes, fetched, error}."""
+    p, incoming = ctx["p"], ctx["incoming"]
+    want = str(f["piece_sha256"][piece["index"]]).lower()
+    out = {"index": piece["index"], "holder": piece["holder"], "bytes": 0, "fetched": False, "error": None}
+    if ctx["resume"] and region_sha256(incoming, piece["offset"], piece["size"]) == want:
+        return out
+    local = os.path.join(os.path.dirname(f["path"]), os.path.basename(piece_name(f["name"], piece["index"])))
+    if region_sha256(local, 0, piece["size"]) != want or os.path.getsize(local) != piece["size"]:
+        src = ctx["addresses"].get(piece["holder"])
+        if src is None:
+            mine = os.path.exists(local) and piece["holder"] not in ctx["addresses"]
+            out["error"] = f"piece {piece['index'] + 1}: " + (
+                "this host's copy does not match its sha256 and no other host holds it"
+                if mine
+                else f"its holder {piece['holder']} is not serving"
+            )
+            return out
+        had = os.path.getsize(local) if os.path.exists(local) else 0
+        url = source_url(str(src), p["port"], f["model"], piece_name(f["name"], piece["index"]))
+        why = run_rsync(module.run_command, rsync_argv(url, local, ctx["password_file"], p), ctx["deadline"])
+        out["bytes"] = max((os.path.getsize(local) if os.path.exists(local) else 0) - had, 0)
+        out["fetched"] = True
+        if why is None and region_sha256(local, 0, piece["size"]) != want:
+            why = f"refused its copy: piece {piece['index'] + 1} does not match its sha256"
+            os.unlink(local)
+        elif why is None and os.path.getsize(local) != piece["size"]:
+            why = f"refused its copy: piece {piece['index'] + 1} is not {piece['size']} bytes"
+            os.unlink(local)
+        if why is not None:
+            out["error"] = why if why.startswith("refused") else f"piece {piece['index'] + 1}: {why}"
+            return out
+    place_piece(local, incoming, piece["offset"])
+    if out["fetched"] or piece["holder"] in ctx["addresses"]:
+        os.unlink(local)  # only this host's own piece stays, for the peers still gathering it
+    return out
+
+
+def gather_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
+    """Gather a file from its pieces, then verify and adopt it."""
+    path, incoming = f["path"], incoming_path(f["path"])
+    out = entry(f, "failed")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    started = time.monotonic()
+    resume = os.path.exists(incoming)
+    with open(incoming, "ab") as fh:  # the temp name at the file's size; pieces land at their offsets
+        fh.truncate(int(f["size"]))
+    if p["bwlimit_kib"]:  # the cap is this host's, shared by the pieces that arrive side by side
+        p = dict(p, bwlimit_kib=max(1, p["bwlimit_kib"] // max(1, min(p["piece_parallel"], len(f["pieces"])))))
+    ctx = {"p": p, "incoming": incoming, "resume": resume, "password_file": password_file,
+           "addresses": {s["host"]: s["address"] for s in f["sources"]},
+           "deadline": deadline_of(f["size"], p)}  # fmt: skip
+    with ThreadPoolExecutor(max_workers=max(1, p["piece_parallel"])) as pool:
+        done = list(pool.map(lambda piece: gather_piece(module, f, piece, ctx), f["pieces"]))
+    out["bytes"] = sum(d["bytes"] for d in done)
+    out["pieces"] = len(done)
+    out["attempts"] = [{"host": d["holder"], "error": d["error"]} for d in done if d["error"]]
+    holders = sorted({d["holder"] for d in done if d["fetched"] and not d["error"]})
+    if not out["attempts"]:
+        try:
+            adopt(incoming, path, f["sha256"].lower(), f["size"],
+                  source={"origin": "peers " + ", ".join(holders) + " (pieces)"}, **fs)  # fmt: skip
+            out.update(status="adopted", source=", ".join(holders) + " (pieces)")
+        except VerifyError as e:
+            out["attempts"].append({"host": ", ".join(holders), "error": f"refused the gathered file: {e}"})
+    out["seconds"] = round(time.monotonic() - started, 2)
+    return out
+
+
 def bad_entries(files: list) -> list[str]:
     out = []
     for f in files:
@@ -231,6 +366,30 @@ def bad_entries(files: list) -> list[str]:
             out.append(f"{f['path']}: sha256 must be 64 hex digits")
         if any(not isinstance(s, dict) or not s.get("host") or not s.get("address") for s in f["sources"]):
             out.append(f"{f['path']}: each source needs host and address")
+        out += bad_pieces(f)
+    return out
+
+
+def bad_pieces(f: dict) -> list[str]:
+    """A gathered file's pieces must tile it, each with a holder and (outside check mode) a sha256."""
+    if not f.get("pieces"):
+        return []
+    out, pos = [], 0
+    if f.get("size") is None:
+        out.append(f"{f['path']}: pieces need the file's size")
+    for piece in sorted(f["pieces"], key=lambda x: int(x.get("offset", -1))):
+        if not all(k in piece for k in ("index", "offset", "size", "holder")):
+            out.append(f"{f['path']}: each piece needs index, offset, size and holder")
+            return out
+        if int(piece["offset"]) != pos or int(piece["size"]) < 1:
+            out.append(f"{f['path']}: the pieces do not tile the file at byte {pos}")
+            return out
+        pos += int(piece["size"])
+    if f.get("size") is not None and pos != int(f["size"]):
+        out.append(f"{f['path']}: the pieces cover {pos} bytes of {f['size']}")
+    sums = f.get("piece_sha256") or []
+    if sums and (len(sums) != len(f["pieces"]) or not all(SHA256_RE.match(str(x).lower()) for x in sums)):
+        out.append(f"{f['path']}: piece_sha256 needs one sha256 per piece")
     return out
 
 
@@ -248,6 +407,8 @@ def main() -> None:
                     "sha256": {"type": "str", "required": True},
                     "size": {"type": "int"},
                     "sources": {"type": "list", "elements": "dict", "required": True},
+                    "pieces": {"type": "list", "elements": "dict"},
+                    "piece_sha256": {"type": "list", "elements": "str"},
                 },
             },
             "port": {"type": "int", "default": 8873},
@@ -255,6 +416,7 @@ def main() -> None:
             "bwlimit_kib": {"type": "int", "default": 0},
             "timeout": {"type": "int", "default": 60},
             "min_rate_kib": {"type": "int", "default": 0},
+            "piece_parallel": {"type": "int", "default": 16},
             "owner": {"type": "str"},
             "group": {"type": "str"},
             "mode": {"type": "str"},
@@ -277,8 +439,13 @@ def main() -> None:
             changed = True
             if module.check_mode:
                 first = f["sources"][0]["host"] if f["sources"] else None
+                if f.get("pieces"):
+                    first = ", ".join(sorted({x["holder"] for x in f["pieces"]} & {x["host"] for x in f["sources"]}))
+                    first += " (pieces)"
                 results.append(entry(f, "would_fetch", first))
                 continue
+            if f.get("pieces") and len(f.get("piece_sha256") or []) != len(f["pieces"]):
+                module.fail_json(msg=f"model_peer_fetch: {f['path']}: piece_sha256 needs one sha256 per piece")
             if password_file is None:
                 fd, password_file = tempfile.mkstemp(
                     prefix=".llamafleet-share-",
@@ -286,7 +453,8 @@ def main() -> None:
                 )
                 with os.fdopen(fd, "w") as pf:
                     pf.write(p["secret"] + "\n")
-            results.append(fetch_one(module, f, p, fs, password_file))
+            gather = gather_one if f.get("pieces") else fetch_one
+            results.append(gather(module, f, p, fs, password_file))
     finally:
         if password_file:
             os.unlink(password_file)

@@ -139,7 +139,8 @@ def route_address() -> str:
 
 
 def config_text(exports: list, address: str, port: int, group: str, max_connections: int) -> str:
-    """rsyncd.conf: one read-only module per export, one user, no listing, hidden files excluded."""
+    """rsyncd.conf: one read-only module per export, one user, no listing, hidden files excluded but the pieces
+    the controller sent for the peers to gather (``.NAME.piece-I``; rsyncd's includes override its excludes)."""
     lines = [
         f"address = {address}",
         f"port = {port}",
@@ -154,6 +155,7 @@ def config_text(exports: list, address: str, port: int, group: str, max_connecti
         "auth users = llamafleet",
         f"secrets file = {RUN_DIR}/secrets",
         "strict modes = yes",
+        "include = .*.piece-*",
         "exclude = .*",
         "transfer logging = no",
         "",

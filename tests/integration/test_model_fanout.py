@@ -2,8 +2,10 @@
 sandbox image), through ansible-runner: the controller sends one copy, the hosts that hold a verified copy serve
 the others through the distribution's rsync daemon (a transient systemd unit), check mode predicts the rounds,
 a peer whose copy is corrupt is refused and the controller delivers instead, and a host that joins with --limit
-fetches from a peer found by the probe. Real parts only: hosts, systemd, rsync, a generated GGUF (the sandbox
-model); the controller source stands in for the controller's cache of a Hugging Face download.
+fetches from a peer found by the probe; and in pieces (model_fetch_fanout_pieces_min): the controller sends each
+host one piece, the hosts gather the others from each other, a corrupt piece is refused. Real parts only: hosts,
+systemd, rsync, a generated GGUF (the sandbox model); the controller source stands in for the controller's cache
+of a Hugging Face download.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def hosts():
     subprocess.run(["podman", "rm", "-f", *HOSTS], check=False, capture_output=True)
 
 
+WHOLE = {"model_fetch_fanout_pieces_min": 0}  # whole files in doubling rounds
+
+
 def play(tmp_path_factory, hosts, model, *, check=False, limit=None, extravars=None):
     import ansible_runner
 
@@ -104,7 +109,7 @@ def no_share_left(host):
     assert on_host(host, "systemctl", "is-active", "llamafleet-model-share", check=False).strip() != "active"
     assert on_host(host, "test", "-e", "/run/llamafleet-model-share", check=False) == ""
     assert subprocess.run(["podman", "exec", host, "test", "-e", "/run/llamafleet-model-share"]).returncode != 0
-    assert on_host(host, "sh", "-c", f"ls -A {MODEL_DIR} | grep -c incoming || true").strip() == "0"
+    assert on_host(host, "sh", "-c", f"ls -A {MODEL_DIR} | grep -c 'incoming\\|piece' || true").strip() == "0"
 
 
 def test_fanout_delivery(tmp_path_factory, hosts, model):
@@ -112,7 +117,7 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
     changes nothing; a peer's corrupt copy is refused (one retry, then the controller), never adopted; a host
     that joins with --limit fetches from a peer the probe finds."""
     first3 = hosts[:3]
-    predicted = play(tmp_path_factory, first3, model, check=True)
+    predicted = play(tmp_path_factory, first3, model, check=True, extravars=WHOLE)
     assert predicted.status == "successful", predicted.failures
     assert predicted.plan == [
         f"round 0: {first3[0]} <- controller (fan/fan.gguf)",
@@ -121,7 +126,7 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
     ], predicted.plan
     assert all(sha_on(h) is None for h in first3)
 
-    run = play(tmp_path_factory, first3, model)
+    run = play(tmp_path_factory, first3, model, extravars=WHOLE)
     assert run.status == "successful", run.failures
     assert run.plan == predicted.plan
     _, sha = model
@@ -140,7 +145,7 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
         assert logged and all("secret=NOT_LOGGING_PARAMETER" in line for line in logged), logged
     print(f"\nfan-out to 3 hosts: {run.seconds:.1f} s (check mode {predicted.seconds:.1f} s)")
 
-    again = play(tmp_path_factory, first3, model)
+    again = play(tmp_path_factory, first3, model, extravars=WHOLE)
     assert again.status == "successful" and again.plan is None
     assert again.changed == [], again.changed
 
@@ -151,7 +156,7 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
         "f.write(b'\\xff'*4096); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))"))  # fmt: skip
     for h in first3[1:]:
         on_host(h, "rm", "-f", f"{MODEL_DIR}/fan.gguf", f"{MODEL_DIR}/fan.gguf.verified.json")
-    bad = play(tmp_path_factory, first3, model)
+    bad = play(tmp_path_factory, first3, model, extravars=WHOLE)
     assert bad.status == "successful", bad.failures
     for h in first3[1:]:
         assert sha_on(h) == sha  # never the bad file
@@ -167,7 +172,7 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
     half = Path(model[0].parent / "half")
     half.write_bytes(model[0].read_bytes()[: size // 2])
     subprocess.run(["podman", "cp", str(half), f"{first3[0]}:{MODEL_DIR}/.fan.gguf.incoming"], check=True)
-    fixed = play(tmp_path_factory, first3, model)
+    fixed = play(tmp_path_factory, first3, model, extravars=WHOLE)
     assert fixed.status == "successful", fixed.failures
     assert sha_on(first3[0]) == sha
     assert [o["from"] for o in fixed.report[first3[0]]["origins"]] == [f"peer {first3[1]}"]
@@ -175,7 +180,8 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
 
     # A host joins with --limit: the others are outside the run; the probe finds a holder.
     # Its transfer capped at 8 MiB/s (model_fetch_peer_bwlimit_kib): it cannot take less than the size at the cap.
-    joined = play(tmp_path_factory, hosts, model, limit=hosts[3], extravars={"model_fetch_peer_bwlimit_kib": 8192})
+    capped_ev = {**WHOLE, "model_fetch_peer_bwlimit_kib": 8192}
+    joined = play(tmp_path_factory, hosts, model, limit=hosts[3], extravars=capped_ev)
     assert joined.status == "successful", joined.failures
     assert sha_on(hosts[3]) == sha
     assert [o["from"] for o in joined.report[hosts[3]]["origins"]] == [f"peer {first3[0]}"]
@@ -185,3 +191,73 @@ def test_fanout_delivery(tmp_path_factory, hosts, model):
     print(f"joined with --limit, capped at 8 MiB/s: {capped['bytes']} bytes in {capped['seconds']} s")
     for h in hosts:
         no_share_left(h)
+
+
+def corrupt_when_it_lands(host, path):
+    """Flip a block in the middle of ``path`` on ``host`` as soon as it appears (the controller's copy lands under
+    its final name at once), before the peers gather it: a disk error, a tampered piece. A process in the host
+    (no thread beside ansible-runner's pty); it prints "hit" when it did."""
+    script = ("import os; p='" + path + "'; n=os.path.getsize(p); f=open(p,'r+b'); f.seek(n//2); "
+              "f.write(b'\\xff'*4096); f.close(); print('hit')")  # fmt: skip
+    loop = f'for i in $(seq 1200); do [ -s {path} ] && exec python3 -c "{script}"; sleep 0.1; done'
+    return subprocess.Popen(["podman", "exec", host, "sh", "-c", loop], stdout=subprocess.PIPE, text=True)
+
+
+def test_fanout_in_pieces(tmp_path_factory, hosts, model):
+    """Three hosts that miss a file nobody holds: check mode predicts the pieces, the controller sends each host
+    one piece (one copy in all), the hosts gather the others' pieces from each other and adopt the verified
+    file; a rerun changes nothing; a piece corrupted on its holder after the controller's copy is refused by every
+    receiver (piece sha256), never adopted, and the controller delivers the file whole instead."""
+    first3 = hosts[:3]
+    for h in first3:
+        on_host(h, "rm", "-rf", MODEL_DIR)
+    _, sha = model
+    size = model[0].stat().st_size
+    predicted = play(tmp_path_factory, first3, model, check=True)
+    assert predicted.status == "successful", predicted.failures
+    assert predicted.plan == [
+        f"round 0: controller -> pieces of fan/fan.gguf: {first3[0]} (1/3), {first3[1]} (2/3), {first3[2]} (3/3)",
+        f"round 1: {', '.join(first3)} <- each other's pieces (fan/fan.gguf)",
+    ], predicted.plan
+    assert all(sha_on(h) is None for h in first3)
+
+    run = play(tmp_path_factory, first3, model)
+    assert run.status == "successful", run.failures
+    assert run.plan == predicted.plan
+    assert [sha_on(h) for h in first3] == [sha] * 3
+    for h in first3:
+        others = ", ".join(x for x in first3 if x != h)
+        assert [o["from"] for o in run.report[h]["origins"]] == [f"peers {others} (pieces)"], run.report[h]
+        got = run.report[h]["peer_files"][0]
+        assert got["status"] == "adopted" and got["pieces"] == 3 and got["attempts"] == []
+        assert 0 < got["bytes"] < size  # all but its own piece
+        no_share_left(h)
+    assert sum(int(run.report[h]["controller_sent"]) for h in first3) == size  # one copy, in pieces
+    assert not (model[0].parent / "cache" / ".pieces" / "fan").exists()
+    print(f"\nfan-out in pieces to 3 hosts: {run.seconds:.1f} s (check mode {predicted.seconds:.1f} s)")
+
+    again = play(tmp_path_factory, first3, model)
+    assert again.status == "successful" and again.plan is None
+    assert again.changed == [], again.changed
+
+    for h in first3:
+        on_host(h, "rm", "-rf", MODEL_DIR)
+    watcher = corrupt_when_it_lands(first3[1], f"{MODEL_DIR}/.fan.gguf.piece-1")
+    try:
+        bad = play(tmp_path_factory, first3, model)
+    finally:
+        watcher.kill()
+    assert watcher.communicate()[0].strip() == "hit", "the piece never landed"
+    assert bad.status == "successful", bad.failures
+    for h in first3:
+        assert sha_on(h) == sha  # never the bad file
+        fetched = bad.report[h]["peer_files"]
+        assert [f["status"] for f in fetched] == ["failed"], fetched
+        errors = [a["error"] for a in fetched[0]["attempts"]]
+        if h == first3[1]:  # its own piece no longer matches, and nobody else holds it
+            assert errors == ["piece 2: this host's copy does not match its sha256 and no other host holds it"], errors
+        else:
+            assert errors == ["refused its copy: piece 2 does not match its sha256"], errors
+        assert [o["from"] for o in bad.report[h]["origins"]] == ["controller"]
+        no_share_left(h)
+    print(f"corrupt piece: {json.dumps(bad.report[first3[0]]['peer_files'][0]['attempts'])}")
