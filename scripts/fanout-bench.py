@@ -6,15 +6,18 @@ For each N (default 2 6 12) it starts N hosts from the sandbox image with OpenSS
 network of their own, reached over ssh as root (so the controller's copies cross the network, as in a real
 fleet; the podman harness would copy through `podman cp`). Every machine's upload is capped with tc (tbf): each
 host's eth0 inside its network namespace, and the controller's side of the network (the bridge), at --mbit.
-Then for each delivery (controller, fanout) it delivers a generated GGUF of --mib MiB (tests/harness/gguf/
-make_models.py, padded with random bytes) with tests/integration/model_fanout.yml through ansible-runner and
+Then for each delivery (--deliveries: controller; fanout, whole files in doubling rounds; pieces, fan-out in
+pieces: one piece per host from the controller, then each host gathers the others' pieces) it delivers a
+generated GGUF of --mib MiB (tests/harness/gguf/make_models.py, padded with random bytes) with
+tests/integration/model_fanout.yml through ansible-runner and
 prints the wall time, the bytes the controller sent (the bridge's qdisc counter) and the bytes each host sent
 (its eth0 counter), and the controller's bytes per the role's report. The model directory is emptied between
 runs. Last, it extrapolates on paper to 50 and 200 hosts with a 16.5 GB model at 1 and 10 Gbit/s, from the
-round structure (controller: N copies through one link; fan-out: 1 + ceil(log2 N) copy times) and the per-round
-overhead measured here.
+round structure (controller: N copies through one link; fan-out: 1 + ceil(log2 N) copy times; in pieces: one
+copy time to send the pieces and (N - 1) / N to gather them) and the overhead measured here.
 
     .venv/bin/python scripts/fanout-bench.py [--sizes 2 6 12] [--mib 256] [--mbit 200] [--keep]
+        [--deliveries controller fanout pieces]
 
 Needs the sandbox images (scripts/sandbox.sh images) and root (tc, nsenter). The hosts share this machine's
 CPUs with the controller; the load average before each run is printed.
@@ -102,6 +105,13 @@ def make_model(tmp, mib):
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+DELIVERIES = {  # name -> extravars of tests/integration/model_fanout.yml (pieces from 2 hosts here, 3 by default)
+    "controller": {"fanout_delivery": "controller"},
+    "fanout": {"fanout_delivery": "fanout", "model_fetch_fanout_pieces_min": 0},
+    "pieces": {"fanout_delivery": "fanout", "model_fetch_fanout_pieces_min": 2},
+}
+
+
 def run(tmp, hosts, key, model, delivery):
     import ansible_runner
 
@@ -114,7 +124,7 @@ def run(tmp, hosts, key, model, delivery):
     (data / "hosts.json").write_text(json.dumps(inv))
     path, sha = model
     ev = {"fanout_models": [{"name": "bench", "source": "controller", "controller_path": str(path), "sha256": sha}],
-          "fanout_delivery": delivery, "model_fetch_controller_cache": str(Path(tmp) / "cache")}  # fmt: skip
+          **DELIVERIES[delivery], "model_fetch_controller_cache": str(Path(tmp) / "cache")}  # fmt: skip
     before = {h: tx_bytes(h) for h in hosts}
     ctl0 = bridge_bytes()
     t0 = time.monotonic()
@@ -147,19 +157,22 @@ def empty(hosts):
         sh("podman", "exec", h, "rm", "-rf", "/var/lib/llama-models/bench")
 
 
-def extrapolate(overhead_s):
+def extrapolate(overhead_s, pieces_overhead_s):
     size_gbit = 16.5 * 8
     print("\nOn paper: a 16.5 GB model, every machine's link at the rate given (controller: N copies through its")
-    print(f"link; fan-out: 1 + ceil(log2 N) copy times + {overhead_s:.0f} s of Ansible per round, measured above)")
-    print(f"{'hosts':>6} {'link':>8} {'controller':>12} {'fan-out':>10} {'speed-up':>9} {'controller bytes':>18}")
+    print(f"link; fan-out: 1 + ceil(log2 N) copy times + {overhead_s:.0f} s of Ansible per round; in pieces:")
+    print(f"1 + (N-1)/N copy times + {pieces_overhead_s:.0f} s of Ansible per run, both measured above)")
+    print(f"{'hosts':>6} {'link':>8} {'controller':>12} {'fan-out':>10} {'pieces':>10} {'speed-up':>9} "
+          f"{'controller bytes':>18}")  # fmt: skip
     for n in (50, 200):
         for gbit in (1, 10):
             t = size_gbit / gbit
             ctl = n * t
             rounds = 1 + math.ceil(math.log2(n))
             fan = rounds * (t + overhead_s)
-            print(f"{n:>6} {gbit:>5} Gb {ctl / 60:>9.1f} min {fan / 60:>7.1f} min {ctl / fan:>8.1f}x "
-                  f"{n * 16.5:>8.0f} -> 16.5 GB")  # fmt: skip
+            pieces = t * (1 + (n - 1) / n) + pieces_overhead_s
+            print(f"{n:>6} {gbit:>5} Gb {ctl / 60:>9.1f} min {fan / 60:>7.1f} min {pieces / 60:>7.1f} min "
+                  f"{ctl / fan:>4.1f}/{ctl / pieces:.1f}x {n * 16.5:>8.0f} -> 16.5 GB")  # fmt: skip
 
 
 def main():
@@ -168,6 +181,7 @@ def main():
     ap.add_argument("--mib", type=int, default=256, help="model size in MiB")
     ap.add_argument("--mbit", type=int, default=200, help="every machine's upload cap in Mbit/s")
     ap.add_argument("--keep", action="store_true", help="leave the hosts running")
+    ap.add_argument("--deliveries", nargs="+", default=list(DELIVERIES), choices=list(DELIVERIES))
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (tc, nsenter)")
@@ -181,7 +195,7 @@ def main():
           f"{copy_s:.1f} s at the cap; hosts reached over ssh as root; CPUs shared with the controller")  # fmt: skip
     print(f"{'hosts':>5} {'delivery':>10} {'wall s':>8} {'copy times':>10} {'rounds':>6} {'controller MiB':>15} "
           f"{'reported':>9} {'host MiB sent (each)':<40} load")  # fmt: skip
-    overheads = []
+    overheads, pieces_overheads = [], []
     try:
         for n in args.sizes:
             subprocess.run(["podman", "rm", "-f", *[f"{PREFIX}-{i}" for i in range(1, 64)]], capture_output=True)
@@ -190,7 +204,7 @@ def main():
                 cap(["nsenter", "-t", pid_of(h), "-n"], "eth0", args.mbit)
             cap([], bridge(), args.mbit)
             res = {}
-            for delivery in ("controller", "fanout"):
+            for delivery in args.deliveries:
                 empty(hosts)
                 load = os.getloadavg()[0]
                 r = run(tmp, hosts, key, model, delivery)
@@ -202,14 +216,24 @@ def main():
                       flush=True)  # fmt: skip
                 if delivery == "fanout" and r["rounds"]:
                     overheads.append((r["wall"] - (1 + r["rounds"]) * copy_s) / (1 + r["rounds"]))
-            if res["controller"]["status"] == res["fanout"]["status"] == "successful":
-                print(f"{'':>5} {'':>10} fan-out {res['controller']['wall'] / res['fanout']['wall']:.2f}x faster; "
-                      f"origins {json.dumps(res['fanout']['origins'])}")  # fmt: skip
+                if delivery == "pieces" and r["status"] == "successful":
+                    pieces_overheads.append(r["wall"] - (1 + (n - 1) / n) * copy_s)
+            for delivery in ("fanout", "pieces"):
+                if (
+                    delivery in res
+                    and "controller" in res
+                    and res["controller"]["status"] == "successful" == (res[delivery]["status"])
+                ):
+                    print(f"{'':>5} {delivery:>10} {res['controller']['wall'] / res[delivery]['wall']:.2f}x faster "
+                          f"than controller; origins {json.dumps(res[delivery]['origins'])}")  # fmt: skip
             if not args.keep:
                 subprocess.run(["podman", "rm", "-f", *hosts], capture_output=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    extrapolate(max(0.0, sum(overheads) / len(overheads)) if overheads else 0.0)
+    extrapolate(
+        max(0.0, sum(overheads) / len(overheads)) if overheads else 0.0,
+        max(0.0, sum(pieces_overheads) / len(pieces_overheads)) if pieces_overheads else 0.0,
+    )
 
 
 if __name__ == "__main__":
