@@ -85,9 +85,12 @@ def start_hosts(n, key_pub):
     for h in hosts:
         sh("podman", "exec", h, "sh", "-c", f"install -d -m 700 /root/.ssh && printf '%s\\n' '{key_pub}' > "
            "/root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys")  # fmt: skip
-        # rsync before the caps: the role installs it when missing; installing it is not what is measured
-        sh("podman", "exec", h, "sh", "-c", "command -v rsync >/dev/null || (apt-get update -qq && "
-           "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync >/dev/null)")  # fmt: skip
+        # rsync and python3-apt before the caps: the role installs rsync when missing (through ansible.builtin.apt,
+        # which installs python3-apt first where it is missing: site.yml's earlier roles already did); installing
+        # them is not what is measured
+        sh("podman", "exec", h, "sh", "-c", "command -v rsync >/dev/null && test -d /usr/lib/python3/dist-packages/apt"
+           " || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync python3-apt"
+           " >/dev/null)")  # fmt: skip
     return hosts
 
 
@@ -149,7 +152,20 @@ def run(tmp, hosts, key, model, delivery):
         "host_bytes": {h: tx_bytes(h) - before[h] for h in hosts},
         "origins": {h: [o["from"] for o in v["origins"]] for h, v in report.items()},
         "rounds": rounds,
+        "tasks": task_spans(events),
     }
+
+
+def task_spans(events):
+    """Each task's wall time: from its start to the next task's start (or the play's end), slowest first."""
+    from datetime import datetime
+
+    marks = [(e["event_data"].get("task") or e["event"], datetime.fromisoformat(e["created"]))
+             for e in events if e.get("event") in ("playbook_on_task_start", "playbook_on_stats")]  # fmt: skip
+    spans = {}
+    for (name, t), (_, nxt) in zip(marks, marks[1:], strict=False):
+        spans[name] = spans.get(name, 0.0) + (nxt - t).total_seconds()
+    return sorted(spans.items(), key=lambda kv: -kv[1])
 
 
 def empty(hosts):
@@ -158,21 +174,26 @@ def empty(hosts):
 
 
 def extrapolate(overhead_s, pieces_overhead_s):
+    """The paper table; an overhead of None (that delivery was not run) leaves its column out."""
     size_gbit = 16.5 * 8
+    fan_how = "not run" if overhead_s is None else f"1 + ceil(log2 N) copy times + {overhead_s:.0f} s per round"
+    pieces_how = (
+        "not run" if pieces_overhead_s is None else f"1 + (N-1)/N copy times + {pieces_overhead_s:.0f} s per run"
+    )
     print("\nOn paper: a 16.5 GB model, every machine's link at the rate given (controller: N copies through its")
-    print(f"link; fan-out: 1 + ceil(log2 N) copy times + {overhead_s:.0f} s of Ansible per round; in pieces:")
-    print(f"1 + (N-1)/N copy times + {pieces_overhead_s:.0f} s of Ansible per run, both measured above)")
+    print(f"link; fan-out: {fan_how}; in pieces: {pieces_how}; overheads measured above)")
     print(f"{'hosts':>6} {'link':>8} {'controller':>12} {'fan-out':>10} {'pieces':>10} {'speed-up':>9} "
           f"{'controller bytes':>18}")  # fmt: skip
     for n in (50, 200):
         for gbit in (1, 10):
             t = size_gbit / gbit
             ctl = n * t
-            rounds = 1 + math.ceil(math.log2(n))
-            fan = rounds * (t + overhead_s)
-            pieces = t * (1 + (n - 1) / n) + pieces_overhead_s
-            print(f"{n:>6} {gbit:>5} Gb {ctl / 60:>9.1f} min {fan / 60:>7.1f} min {pieces / 60:>7.1f} min "
-                  f"{ctl / fan:>4.1f}/{ctl / pieces:.1f}x {n * 16.5:>8.0f} -> 16.5 GB")  # fmt: skip
+            fan = None if overhead_s is None else (1 + math.ceil(math.log2(n))) * (t + overhead_s)
+            pieces = None if pieces_overhead_s is None else t * (1 + (n - 1) / n) + pieces_overhead_s
+            cols = [f"{x / 60:>7.1f} min" if x else f"{'-':>11}" for x in (fan, pieces)]
+            ups = "/".join(f"{ctl / x:.1f}" if x else "-" for x in (fan, pieces))
+            print(f"{n:>6} {gbit:>5} Gb {ctl / 60:>9.1f} min {cols[0]} {cols[1]} {ups + 'x':>9} "
+                  f"{n * 16.5:>8.0f} -> 16.5 GB")  # fmt: skip
 
 
 def main():
@@ -181,6 +202,7 @@ def main():
     ap.add_argument("--mib", type=int, default=256, help="model size in MiB")
     ap.add_argument("--mbit", type=int, default=200, help="every machine's upload cap in Mbit/s")
     ap.add_argument("--keep", action="store_true", help="leave the hosts running")
+    ap.add_argument("--tasks", type=int, default=0, metavar="K", help="print each run's K slowest tasks")
     ap.add_argument("--deliveries", nargs="+", default=list(DELIVERIES), choices=list(DELIVERIES))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -214,6 +236,8 @@ def main():
                       f"{r['controller_bytes'] / 2**20:>15.0f} {r['reported_controller'] / 2**20:>9.0f} "
                       f"{sent:<40} {load:.2f}{'' if r['status'] == 'successful' else '  ' + r['status']}",
                       flush=True)  # fmt: skip
+                for name, span in r["tasks"][: args.tasks]:
+                    print(f"{'':>5} {'':>10} {span:>8.1f}  {name}")
                 if delivery == "fanout" and r["rounds"]:
                     overheads.append((r["wall"] - (1 + r["rounds"]) * copy_s) / (1 + r["rounds"]))
                 if delivery == "pieces" and r["status"] == "successful":
@@ -231,8 +255,8 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     extrapolate(
-        max(0.0, sum(overheads) / len(overheads)) if overheads else 0.0,
-        max(0.0, sum(pieces_overheads) / len(pieces_overheads)) if pieces_overheads else 0.0,
+        max(0.0, sum(overheads) / len(overheads)) if overheads else None,
+        max(0.0, sum(pieces_overheads) / len(pieces_overheads)) if pieces_overheads else None,
     )
 
 

@@ -270,8 +270,12 @@ def region_sha256(path: str, offset: int, size: int) -> str | None:
     return h.hexdigest()
 
 
-def place_piece(piece_path: str, incoming: str, offset: int) -> None:
-    """Write a verified piece at its offset into the temp name (the other pieces are written beside it)."""
+def place_piece(piece_path: str, incoming: str, offset: int) -> str:
+    """Write a piece at its offset into the temp name, hashing it on the way (one read of the piece): returns its
+    sha256. The caller compares it with the piece's own; a piece that does not match leaves its region wrong,
+    which the whole file's check refuses and a rerun's region check fetches again. No fsync here: the gathered
+    file is synced once, before it is verified and adopted."""
+    h = hashlib.sha256()
     fd = os.open(incoming, os.O_WRONLY)
     try:
         with open(piece_path, "rb") as src:
@@ -280,49 +284,62 @@ def place_piece(piece_path: str, incoming: str, offset: int) -> None:
                 block = src.read(CHUNK)
                 if not block:
                     break
+                h.update(block)
                 os.pwrite(fd, block, pos)
                 pos += len(block)
-        os.fsync(fd)
     finally:
         os.close(fd)
+    return h.hexdigest()
+
+
+def fetch_piece(module, f: dict, piece: dict, ctx: dict, local: str) -> str | None:
+    """Fetch a piece from its holder's share into ``local`` (resumed where a shorter copy is there): None, or
+    why not."""
+    p = ctx["p"]
+    name = piece_name(f["name"], piece["index"])
+    url = source_url(str(ctx["addresses"][piece["holder"]]), p["port"], f["model"], name)
+    why = run_rsync(module.run_command, rsync_argv(url, local, ctx["password_file"], p), ctx["deadline"])
+    return None if why is None else f"piece {piece['index'] + 1}: {why}"
+
+
+def size_of(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
 
 
 def gather_piece(module, f: dict, piece: dict, ctx: dict) -> dict:
     """One piece into the temp name: kept when its region already matches, else the piece file this host holds
-    or fetches from its holder, verified, then written at its offset. Returns {index, bytes, fetched, error}."""
-    p, incoming = ctx["p"], ctx["incoming"]
+    (sent by the controller, or left by an interrupted run) or fetches from its holder, written at its offset
+    and checked against its sha256 on the way. Returns {index, holder, bytes, fetched, error}."""
+    incoming, n = ctx["incoming"], piece["index"] + 1
     want = str(f["piece_sha256"][piece["index"]]).lower()
     out = {"index": piece["index"], "holder": piece["holder"], "bytes": 0, "fetched": False, "error": None}
     if ctx["resume"] and region_sha256(incoming, piece["offset"], piece["size"]) == want:
         return out
     local = os.path.join(os.path.dirname(f["path"]), os.path.basename(piece_name(f["name"], piece["index"])))
-    if region_sha256(local, 0, piece["size"]) != want or os.path.getsize(local) != piece["size"]:
-        src = ctx["addresses"].get(piece["holder"])
-        if src is None:
-            mine = os.path.exists(local) and piece["holder"] not in ctx["addresses"]
-            out["error"] = f"piece {piece['index'] + 1}: " + (
-                "this host's copy does not match its sha256 and no other host holds it"
-                if mine
-                else f"its holder {piece['holder']} is not serving"
-            )
-            return out
-        had = os.path.getsize(local) if os.path.exists(local) else 0
-        url = source_url(str(src), p["port"], f["model"], piece_name(f["name"], piece["index"]))
-        why = run_rsync(module.run_command, rsync_argv(url, local, ctx["password_file"], p), ctx["deadline"])
-        out["bytes"] = max((os.path.getsize(local) if os.path.exists(local) else 0) - had, 0)
-        out["fetched"] = True
-        if why is None and region_sha256(local, 0, piece["size"]) != want:
-            why = f"refused its copy: piece {piece['index'] + 1} does not match its sha256"
-            os.unlink(local)
-        elif why is None and os.path.getsize(local) != piece["size"]:
-            why = f"refused its copy: piece {piece['index'] + 1} is not {piece['size']} bytes"
-            os.unlink(local)
-        if why is not None:
-            out["error"] = why if why.startswith("refused") else f"piece {piece['index'] + 1}: {why}"
-            return out
-    place_piece(local, incoming, piece["offset"])
-    if out["fetched"] or piece["holder"] in ctx["addresses"]:
-        os.unlink(local)  # only this host's own piece stays, for the peers still gathering it
+    served = piece["holder"] in ctx["addresses"]  # another host serves it; else it is this host's own
+    if size_of(local) == piece["size"] and place_piece(local, incoming, piece["offset"]) == want:
+        if served:
+            os.unlink(local)  # only this host's own piece stays, for the peers still gathering it
+        return out
+    if not served:
+        out["error"] = f"piece {n}: " + (
+            "this host's copy does not match its sha256 and no other host holds it"
+            if os.path.exists(local)
+            else f"its holder {piece['holder']} is not serving"
+        )
+        return out
+    if size_of(local) >= piece["size"]:
+        os.unlink(local)  # whole but wrong (a rerun's leftover): fetched again from the start
+    had = size_of(local)
+    why = fetch_piece(module, f, piece, ctx, local)
+    out["bytes"], out["fetched"] = max(size_of(local) - had, 0), True
+    if why is None and size_of(local) != piece["size"]:
+        why = f"refused its copy: piece {n} is not {piece['size']} bytes"
+    elif why is None and place_piece(local, incoming, piece["offset"]) != want:
+        why = f"refused its copy: piece {n} does not match its sha256"
+    if why is None or why.startswith("refused"):
+        os.unlink(local)  # placed, or refused: never kept
+    out["error"] = why
     return out
 
 
@@ -347,6 +364,11 @@ def gather_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     out["attempts"] = [{"host": d["holder"], "error": d["error"]} for d in done if d["error"]]
     holders = sorted({d["holder"] for d in done if d["fetched"] and not d["error"]})
     if not out["attempts"]:
+        fd = os.open(incoming, os.O_WRONLY)  # the pieces were written without a sync: one, before adopting
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         try:
             adopt(incoming, path, f["sha256"].lower(), f["size"],
                   source={"origin": "peers " + ", ".join(holders) + " (pieces)"}, **fs)  # fmt: skip
