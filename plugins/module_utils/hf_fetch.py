@@ -48,6 +48,7 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import 
     disk_space_problem,
     partial_path,
     select_files,
+    size_or_zero,
 )
 
 MANIFEST_NAME = ".hf-manifest.json"
@@ -328,7 +329,7 @@ def _download(entry: dict, part: str, *, repo: str, commit: str, token, rate_lim
     except HfHubHTTPError as e:
         raise _classify(e, repo=repo, revision=commit, filename=entry["name"], token=token, endpoint=None) from None
     except (httpx2.TransportError, OSError) as e:
-        have = os.path.getsize(part) if os.path.exists(part) else 0
+        have = size_or_zero(part)
         raise HubError(
             f"download of {repo}/{entry['name']} at {commit[:12]} was interrupted after {have} of {size} bytes "
             f"({type(e).__name__}: {' '.join(str(e).split())[:300]}). The partial file {part} is kept: run again "
@@ -465,7 +466,7 @@ def _check_disk_space(todo: list, dest: str, margin_bytes: int) -> None:
     partial_have = {}
     for e, _res in todo:
         part = partial_path(os.path.join(dest, e["name"]))
-        partial_have[e["name"]] = os.path.getsize(part) if os.path.exists(part) else 0
+        partial_have[e["name"]] = size_or_zero(part)
     needed = sum(max(e["size"] - partial_have[e["name"]], 0) for e, _dummy in todo)
     probe = dest if os.path.isdir(dest) else os.path.dirname(dest.rstrip("/")) or "/"
     while not os.path.isdir(probe):

@@ -280,13 +280,23 @@ def _remove(*paths: str) -> None:
             os.unlink(p)
 
 
+def fsync_path(path: str) -> None:
+    """Flush a file's (or a directory's) data to its disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: str) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
+
+
+def size_or_zero(path: str) -> int:
+    """A file's size, 0 when it is not there (yet)."""
+    return os.path.getsize(path) if os.path.exists(path) else 0
 
 
 # -- planning helpers --------------------------------------------------------------------------------------

@@ -161,7 +161,9 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.model_files import 
     VerifyError,
     adopt,
     check_file,
+    fsync_path,
     incoming_path,
+    size_or_zero,
 )
 from ansible_collections.llamafleet.mtp.plugins.module_utils.secret_module import AnsibleModule
 
@@ -230,10 +232,10 @@ def fetch_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     started = time.monotonic()
     for src in f["sources"]:
-        had = os.path.getsize(incoming) if os.path.exists(incoming) else 0
+        had = size_or_zero(incoming)
         url = source_url(str(src["address"]), p["port"], f["model"], f["name"])
         why = run_rsync(module.run_command, rsync_argv(url, incoming, password_file, p), deadline_of(f.get("size"), p))
-        got = (os.path.getsize(incoming) if os.path.exists(incoming) else 0) - had
+        got = size_or_zero(incoming) - had
         out["bytes"] += max(got, 0)
         if why is None:
             try:
@@ -302,10 +304,6 @@ def fetch_piece(module, f: dict, piece: dict, ctx: dict, local: str) -> str | No
     return None if why is None else f"piece {piece['index'] + 1}: {why}"
 
 
-def size_of(path: str) -> int:
-    return os.path.getsize(path) if os.path.exists(path) else 0
-
-
 def gather_piece(module, f: dict, piece: dict, ctx: dict) -> dict:
     """One piece into the temp name: kept when its region already matches, else the piece file this host holds
     (sent by the controller, or left by an interrupted run) or fetches from its holder, written at its offset
@@ -317,7 +315,7 @@ def gather_piece(module, f: dict, piece: dict, ctx: dict) -> dict:
         return out
     local = os.path.join(os.path.dirname(f["path"]), os.path.basename(piece_name(f["name"], piece["index"])))
     served = piece["holder"] in ctx["addresses"]  # another host serves it; else it is this host's own
-    if size_of(local) == piece["size"] and place_piece(local, incoming, piece["offset"]) == want:
+    if size_or_zero(local) == piece["size"] and place_piece(local, incoming, piece["offset"]) == want:
         if served:
             os.unlink(local)  # only this host's own piece stays, for the peers still gathering it
         return out
@@ -328,12 +326,12 @@ def gather_piece(module, f: dict, piece: dict, ctx: dict) -> dict:
             else f"its holder {piece['holder']} is not serving"
         )
         return out
-    if size_of(local) >= piece["size"]:
+    if size_or_zero(local) >= piece["size"]:
         os.unlink(local)  # whole but wrong (a rerun's leftover): fetched again from the start
-    had = size_of(local)
+    had = size_or_zero(local)
     why = fetch_piece(module, f, piece, ctx, local)
-    out["bytes"], out["fetched"] = max(size_of(local) - had, 0), True
-    if why is None and size_of(local) != piece["size"]:
+    out["bytes"], out["fetched"] = max(size_or_zero(local) - had, 0), True
+    if why is None and size_or_zero(local) != piece["size"]:
         why = f"refused its copy: piece {n} is not {piece['size']} bytes"
     elif why is None and place_piece(local, incoming, piece["offset"]) != want:
         why = f"refused its copy: piece {n} does not match its sha256"
@@ -364,11 +362,7 @@ def gather_one(module, f: dict, p: dict, fs: dict, password_file: str) -> dict:
     out["attempts"] = [{"host": d["holder"], "error": d["error"]} for d in done if d["error"]]
     holders = sorted({d["holder"] for d in done if d["fetched"] and not d["error"]})
     if not out["attempts"]:
-        fd = os.open(incoming, os.O_WRONLY)  # the pieces were written without a sync: one, before adopting
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(incoming)  # the pieces were written without a sync: one, before adopting
         try:
             adopt(incoming, path, f["sha256"].lower(), f["size"],
                   source={"origin": "peers " + ", ".join(holders) + " (pieces)"}, **fs)  # fmt: skip
