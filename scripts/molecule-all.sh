@@ -15,11 +15,12 @@ for s in ${MOLECULE_SCENARIOS:-$(ls -1 extensions/molecule)}; do
   [ -f "extensions/molecule/$s/molecule.yml" ] && scenarios+=("$s")
 done
 [ ${#scenarios[@]} -gt 0 ] || { echo "no molecule scenario to run" >&2; exit 2; }
-# Longest first, by the wall times of the last run on this machine (cache; unknown ones first), so that
-# the short ones fill in at the end.
+# Longest first, so that the short ones fill in at the end: by the wall times of the last run on this
+# machine (cache), else by scripts/molecule-times.seed (a clean machine: CI), unknown ones first.
 times=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}/molecule-times
+last_time() { awk -v s="$1" '$1 == s {print $2}' "$2" 2>/dev/null | tail -n 1 | grep .; }
 mapfile -t scenarios < <(for s in "${scenarios[@]}"; do
-  echo "$(awk -v s="$s" '$1 == s {print $2}' "$times" 2>/dev/null | tail -n 1 | grep . || echo 99999) $s"
+  echo "$(last_time "$s" "$times" || last_time "$s" scripts/molecule-times.seed || echo 99999) $s"
 done | sort -s -k1,1nr | cut -d' ' -f2)
 echo "molecule: ${#scenarios[@]} scenarios, $jobs at a time; logs in $logs"
 export logs

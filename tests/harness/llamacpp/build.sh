@@ -25,8 +25,10 @@ git clone -q --no-checkout "$mirror" "$work/src"
 git -C "$work/src" fetch -q origin "$sha" 2>/dev/null || true
 git -C "$work/src" checkout -q "$sha"
 # Same ccache settings as the llamacpp_mtp_build role, so builds in the test hosts (which mount
-# this ccache dir) hit what this build stored: content compiler check, paths relative to $work.
+# this ccache dir) hit what this build stored: content compiler check, paths relative to $work, and
+# the role's locale (ccache hashes LANG and LC_ALL/CTYPE/MESSAGES: another one misses every object).
 export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$work CCACHE_NOHASHDIR=true CCACHE_MAXSIZE=5G CCACHE_COMPILERCHECK=content
+export LANG=C.UTF-8 LC_ALL=C.UTF-8 LC_CTYPE=C.UTF-8 LC_MESSAGES=C.UTF-8
 start=$(date +%s)
 cmake -S "$work/src" -B "$work/build" -G Ninja >&2 \
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_CUDA=OFF \
