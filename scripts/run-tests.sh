@@ -50,7 +50,8 @@ stage ansible-lint ansible-lint --offline -q
 stage ruff bash -c 'ruff check . && ruff format --check .'
 # Host-side code stays runnable on Python 3.8 (library calls ruff does not know: zip(strict=), removeprefix...)
 stage vermin vermin -q -t=3.8- --violations --no-tips plugins/modules plugins/module_utils tests/stand-ins/nvidia-smi
-stage unit pytest -q --durations=10 -m "not slow" tests/unit
+# the unit tests in one worker per core (pytest-xdist, at most 4): 170 s against 298 s on 2 cores
+stage unit pytest -q -n auto --maxprocesses=4 --durations=10 -m "not slow" tests/unit
 # The host-side code under the managed-host floor of this controller (ansible-core 2.21: Python 3.9)
 stage unit-py39 env HOST_PYTHON_FLOOR=3.9 bash scripts/unit-oldest-python.sh
 stage sanity bash scripts/sanity.sh
