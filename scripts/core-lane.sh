@@ -38,7 +38,7 @@ SANITY_PYTHON=$python_version SANITY_WORK=${LLAMA_MTP_CACHE:-/var/cache/llama-mt
 echo "core-lane $core: sanity ok ($((SECONDS - t0))s)"
 if [ "$unit" = 1 ]; then
   t0=$SECONDS
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" tests/unit/test_collection.py \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses=4 -m "not slow" tests/unit/test_collection.py \
     tests/unit/test_chain_playbook.py tests/unit/test_controller_side_tasks.py tests/unit/test_secret_log.py \
     tests/unit/test_fleet_lock.py tests/unit/test_tensor_split_module.py
   echo "core-lane $core: unit ok ($((SECONDS - t0))s)"

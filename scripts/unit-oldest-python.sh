@@ -26,7 +26,7 @@ controller_python=$(command -v python3)
 echo "unit-oldest-python: $("$venv/bin/python" -V) ($py) under $("${LLAMAFLEET_ANSIBLE_BIN:-$repo/.venv/bin}/ansible" --version | head -1); GGUF fixtures written by $controller_python"
 # The venv first on PATH: the nvidia-smi stand-in (#!/usr/bin/env python3) runs on 3.8 too, as on a host.
 PATH="$venv/bin:$PATH" LLAMAFLEET_GGUF_PYTHON=$controller_python \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --maxprocesses=4 -m "not slow" \
   tests/unit/test_nvidia_smi.py tests/unit/test_tensor_plan.py tests/unit/test_cuda_compat.py \
   tests/unit/test_llama_caps.py tests/unit/test_llamacpp_build.py tests/unit/test_model_fetch.py \
   tests/unit/test_model_files.py tests/unit/test_llama_bench.py \
