@@ -308,8 +308,10 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
     An instance is slower when its median fell by more than ``margin`` and its requests after the change rank
     below those before with a one-sided Mann-Whitney p-value under ``alpha`` (``slower_p_value``).
     Returns ``{instances: {name: {tok_s, tok_s_before, change, p_value, acceptance, acceptance_before, noise,
-    noise_before, slower, noisy}}, slower: [name], messages: [str]}`` (``noisy``: a noise above the margin,
-    where the gate cannot tell a change of the margin's size from the spread: raise ``runs`` or ``n_predict``).
+    noise_before, slower, noisy, measurements}}, slower: [name], messages: [str]}`` (``noisy``: a noise above the
+    margin, where the gate cannot tell a change of the margin's size from the spread: raise ``runs`` or
+    ``n_predict``; ``measurements``: the after row's ``measurements``, 2 where a first figure beyond the margin was
+    measured once more and the faster of the two kept, else 1).
     """
     if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 < margin < 1:
         raise BenchError(f"the speed gate's margin must be a fraction between 0 and 1, got {margin!r}")
@@ -327,6 +329,8 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
             "p_value": None,
             "slower": False,
             "noisy": False,
+            # 2: the first figure after the change was beyond the margin, measured once more, the faster kept
+            "measurements": int(a.get("measurements") or 1) if a else None,
         }
         if a and b and b.get("tok_s_median"):
             entry["change"] = round(a["tok_s_median"] / b["tok_s_median"] - 1, 4)
@@ -345,7 +349,9 @@ def speed_verdict(before: dict, after: dict, margin: float, context: dict | None
                 return "no drafts" if x is None else f"MTP acceptance {x:.0%}"
 
             messages.append(
-                f"instance {name!r}: {entry['tok_s']:.1f} tokens/s ({acc(entry['acceptance'])}, noise "
+                f"instance {name!r}: {entry['tok_s']:.1f} tokens/s ("
+                + ("the faster of 2 measurements, " if entry["measurements"] == 2 else "")
+                + f"{acc(entry['acceptance'])}, noise "
                 f"+/-{(entry['noise'] or 0):.1%}) with build {ctx.get('build_after') or '?'} and model "
                 f"{ctx.get('model_after') or '?'}, against {entry['tok_s_before']:.1f} tokens/s "
                 f"({acc(entry['acceptance_before'])}, noise +/-{(entry['noise_before'] or 0):.1%}) before with build "

@@ -181,6 +181,26 @@ def test_speed_gate_needs_the_requests_to_rank_lower_not_only_the_median():
     assert slower_p_value([], [1.0]) is None
 
 
+def test_speed_gate_says_when_the_figure_is_the_faster_of_two_measurements():
+    """The role measures a figure beyond the margin once more and keeps the faster (``measurements: 2``): the
+    verdict carries the count, and a slowdown that stands is named as measured twice."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.llama_bench import speed_verdict
+
+    def row(samples, **kw):
+        s = sorted(samples)
+        return dict({"tok_s_median": s[len(s) // 2], "tok_s_min": s[0], "tok_s_max": s[-1], "tok_s_samples": samples,
+                     "acceptance": 1.0}, **kw)  # fmt: skip
+
+    before = row([100.0, 101.0, 99.0, 100.5])
+    v = speed_verdict({"main": before}, {"main": row([60.0, 61.0, 59.0, 60.5], measurements=2)}, 0.1)
+    assert v["slower"] == ["main"] and v["instances"]["main"]["measurements"] == 2
+    assert "the faster of 2 measurements" in v["messages"][0]
+    v = speed_verdict({"main": before}, {"main": row([60.0, 61.0, 59.0, 60.5])}, 0.1)
+    assert v["instances"]["main"]["measurements"] == 1 and "2 measurements" not in v["messages"][0]
+    assert speed_verdict({}, {"main": before}, 0.1)["instances"]["main"]["measurements"] == 1
+    assert speed_verdict({"main": before}, {}, 0.1)["instances"]["main"]["measurements"] is None
+
+
 def test_speed_gate_filter_keeps_the_last_figure_of_an_instance_that_did_not_restart():
     """The filter the converge uses: instances measured neither before nor after (not restarted) keep the entry the
     last converge recorded, marked carried and never judged; a measured one is judged, whatever was recorded."""
