@@ -104,7 +104,8 @@ def row(rnd, kind, status, found, host):
     return {"round": rnd, "kind": kind, "host": host, "status": status, "measured": True,
             "before": v.get("tok_s_before"), "after": v.get("tok_s"), "change": v.get("change"),
             "p": v.get("p_value"), "noise": max(v.get("noise") or 0, v.get("noise_before") or 0),
-            "slower": bool(v.get("slower")), "gate_s": secs}  # fmt: skip
+            "slower": bool(v.get("slower")), "gate_s": secs,
+            "twice": v.get("measurements") == 2}  # fmt: skip
 
 
 def show(r):
@@ -112,7 +113,7 @@ def show(r):
     if not r["measured"]:
         return f"{head} {'(not measured: the rollout stopped before this host)':<60} {r['status']}"
     p = "-" if r["p"] is None else f"{r['p']:.4f}"
-    verdict = "STOPPED" if r["slower"] else "passed"
+    verdict = ("STOPPED" if r["slower"] else "passed") + ("*" if r.get("twice") else "")
     return (f"{head} {r['before']:>9.1f} {r['after']:>9.1f} {r['change']:>+8.1%} {p:>7} {r['noise']:>7.1%} "
             f"{verdict:>8} {r['gate_s'] or 0:>7.1f} {r['status']}")  # fmt: skip
 
@@ -170,6 +171,7 @@ def main():
           f"{'verdict':>8} {'gate s':>7} run")  # fmt: skip
     for r in rows:
         print(show(r))
+    print("  (*: the first figure after the restart was beyond the margin and measured once more; the faster counts)")
     neutral = [r for r in rows if r["kind"] == "neutral" and r["measured"]]
     canary = hosts[0]
     slower = [r for r in rows if r["kind"] == "slower" and r["host"] == canary and r["measured"]]
@@ -177,7 +179,8 @@ def main():
     caught = sum(r["slower"] for r in slower)
     print(f"\nneutral changes: {alarms} false alarm(s) in {len(neutral)} measured restarts "
           f"({sum(r['status'] == 'successful' for r in rows if r['kind'] == 'neutral') // max(len(hosts), 1)} of "
-          f"{args.rounds} runs successful)")  # fmt: skip
+          f"{args.rounds} runs successful); {sum(bool(r.get('twice')) for r in neutral)} of them measured twice "
+          f"(the first figure beyond the margin)")  # fmt: skip
     if neutral:
         ch = [r["change"] for r in neutral]
         print(f"  change: median {statistics.median(ch):+.1%}, range {min(ch):+.1%} .. {max(ch):+.1%}; "

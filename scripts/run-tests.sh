@@ -50,16 +50,18 @@ bg_stage() {   # bg_stage NAME CMD...: start a stage in the background (its own 
   bg_log=$(mktemp "/tmp/lane-$bg_name.XXXXXX")
   echo; echo "== stage: $bg_name (in the background beside the next stages; its output when it ends) =="
   bg_t0=$SECONDS
-  setsid "$@" > "$bg_log" 2>&1 &
+  # its own wall time goes to $bg_log.secs when it ends (the lane may reach bg_wait later)
+  setsid bash -c '"$@"; rc=$?; echo "$SECONDS" > "$0.secs"; exit $rc' "$bg_log" "$@" > "$bg_log" 2>&1 &
   bg_pid=$!
 }
 bg_wait() {    # wait for the background stage, print its output, time it and stop the lane if it failed
-  local rc=0 pid=$bg_pid
+  local rc=0 pid=$bg_pid t_wait=$SECONDS
   wait "$pid" || rc=$?
   bg_pid=""
   echo; echo "== stage: $bg_name (ran in the background; its output) =="
   cat "$bg_log"
-  names+=("$bg_name (background)"); secs+=($((SECONDS - bg_t0)))
+  echo "($bg_name: the lane waited $((SECONDS - t_wait)) s for it after the stages beside it)"
+  names+=("$bg_name (background)"); secs+=("$(cat "$bg_log.secs" 2>/dev/null || echo $((SECONDS - bg_t0)))")
   if [ $rc -eq 0 ]; then results+=(ok); else results+=("FAILED (rc=$rc)"); failed=1; exit $rc; fi
 }
 
