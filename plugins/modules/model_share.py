@@ -17,7 +17,8 @@ description:
     daemon reads as C(nobody) with the group O(group) in a chroot, and serves at most O(max_connections)
     transfers at once. systemd stops it after O(lifetime) seconds even if the run that started it was
     interrupted. A share already running is replaced.
-  - With O(state=absent), stops the unit and removes its configuration.
+  - With O(state=absent), stops the unit and removes its configuration, then the files in O(remove) (the
+    pieces the share served, which nothing needs once every peer has gathered them).
   - The configuration and the secrets file live in C(/run/llamafleet-model-share), root-only (0600); the token
     is never in an argument list, a log or the journal.
   - The model_fetch role (C(model_fetch_delivery=fanout)) starts a share on each host that serves others in a
@@ -73,6 +74,14 @@ options:
     description: Name of the transient systemd unit.
     type: str
     default: llamafleet-model-share
+  remove:
+    description:
+      - With O(state=absent), absolute paths of files to remove once the share is stopped (one module call for
+        both, instead of a second task on every host); a path already gone is no change.
+    type: list
+    elements: path
+    default: []
+    version_added: "1.1.0"
 requirements:
   - rsync and systemd on the host.
 attributes:
@@ -93,9 +102,11 @@ EXAMPLES = r"""
     secret: "{{ one_time_token }}"
   register: share
 
-- name: Stop serving
+- name: Stop serving, and remove the piece this host was sent
   llamafleet.mtp.model_share:
     state: absent
+    remove:
+      - /var/lib/llama-models/tiny/.tiny.gguf.piece-0
 """
 
 RETURN = r"""
@@ -111,6 +122,11 @@ unit:
   description: The systemd unit.
   returned: always
   type: str
+removed:
+  description: The files of O(remove) that were there and were removed (or would be, in check mode).
+  returned: state=absent
+  type: list
+  elements: str
 """
 
 import os
@@ -231,6 +247,9 @@ def problems_of(p: dict, check_mode: bool) -> list[str]:
             out.append("max_connections and lifetime must be at least 1")
         if not shutil.which("rsync") and not check_mode:  # check mode: the role would install it first
             out.append("rsync is not installed on this host (the model_fetch role installs it for fan-out)")
+        if p.get("remove"):
+            out.append("remove is for state=absent")
+    out += [f"remove: {x!r} must be an absolute path" for x in p.get("remove") or [] if not str(x).startswith("/")]
     return out
 
 
@@ -282,6 +301,7 @@ def main() -> None:
             "max_connections": {"type": "int", "default": 1},
             "lifetime": {"type": "int", "default": 3600},
             "unit": {"type": "str", "default": "llamafleet-model-share"},
+            "remove": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -294,7 +314,11 @@ def main() -> None:
         running = systemctl("is-active", "--quiet", p["unit"]).returncode == 0 or os.path.isdir(RUN_DIR)
         if running and not module.check_mode:
             stop(p["unit"])
-        module.exit_json(changed=running, unit=p["unit"])
+        removed = [x for x in p["remove"] if os.path.lexists(x)]
+        if not module.check_mode:
+            for x in removed:
+                os.unlink(x)
+        module.exit_json(changed=running or bool(removed), unit=p["unit"], removed=removed)
     address = p["address"] or route_address()
     if not address:
         module.fail_json(msg="model_share: no address given and the host has no default route; set address")

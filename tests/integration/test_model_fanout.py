@@ -232,6 +232,8 @@ def test_fanout_in_pieces(tmp_path_factory, hosts, model):
         assert got["status"] == "adopted" and got["pieces"] == 3 and got["attempts"] == []
         assert 0 < got["bytes"] < size  # all but its own piece
         no_share_left(h)
+        # the share's stop removed the piece the controller sent it (and the gather every piece it fetched)
+        assert on_host(h, "find", MODEL_DIR, "-name", ".fan.gguf.piece-*").strip() == ""
     assert sum(int(run.report[h]["controller_sent"]) for h in first3) == size  # one copy, in pieces
     assert not (model[0].parent / "cache" / ".pieces" / "fan").exists()
     print(f"\nfan-out in pieces to 3 hosts: {run.seconds:.1f} s (check mode {predicted.seconds:.1f} s)")

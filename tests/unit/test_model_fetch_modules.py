@@ -131,3 +131,23 @@ def test_model_fetch_plan_module():
     assert [(m["name"], m["hosts"]) for m in fleet["fleet"]] == [("a", ["h1", "h2"]), ("b", ["h1"])]
     bad, _ = run_module("model_fetch_plan", {"models": [{"name": "x", "repo": "o/r"}]})
     assert bad["failed"] and bad["msg"].startswith("model_fetch_models: model 'x': give exactly one of file")
+
+
+def test_model_share_stop_removes_the_served_pieces(tmp_path):
+    """model_share state=absent with remove: one call stops the share and removes the pieces it served (a unit of
+    its own name, never started here: the stop is a no-op, the removal is real), check mode predicts it."""
+    pieces = [tmp_path / ".m.gguf.piece-0", tmp_path / ".m.gguf.piece-3"]
+    for p in pieces:
+        p.write_bytes(b"piece")
+    args = {"state": "absent", "unit": "llamafleet-model-share-unit-test",
+            "remove": [str(p) for p in pieces] + [str(tmp_path / ".m.gguf.piece-9")]}  # fmt: skip
+    predicted, _ = run_module("model_share", args, check=True)
+    assert predicted["changed"] and predicted["removed"] == [str(p) for p in pieces], predicted
+    assert all(p.exists() for p in pieces)
+    done, _ = run_module("model_share", args)
+    assert done["changed"] and done["removed"] == predicted["removed"] and not any(p.exists() for p in pieces)
+    again, _ = run_module("model_share", args)
+    assert not again["changed"] and again["removed"] == []
+    refused, _ = run_module("model_share", {"secret": "x", "remove": ["relative/piece"], "unit": "llamafleet-x"})
+    assert refused.get("failed") and "remove is for state=absent" in refused["msg"], refused
+    assert "'relative/piece' must be an absolute path" in refused["msg"]
