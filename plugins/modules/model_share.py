@@ -317,7 +317,10 @@ def main() -> None:
         removed = [x for x in p["remove"] if os.path.lexists(x)]
         if not module.check_mode:
             for x in removed:
-                os.unlink(x)
+                try:
+                    os.unlink(x)
+                except OSError as e:  # a directory, or a file it may not remove: named, not a traceback
+                    module.fail_json(msg=f"model_share: could not remove {x}: {e.strerror}", unit=p["unit"])
         module.exit_json(changed=running or bool(removed), unit=p["unit"], removed=removed)
     address = p["address"] or route_address()
     if not address:
