@@ -8,7 +8,8 @@ the fleet's slots, 2x and 4x slots) for --seconds each, a request mix per client
 prefix (--multi-turn, with an X-Session-Id header), streaming (--stream, the default: time to first token is
 measured) or not. Per level and configuration: requests, failures, fleet completion tokens/s, time to first
 token and end-to-end latency p50/p95/p99 (all and short requests alone), the prompt-cache reuse of the
-conversations (cache_n / (cache_n + prompt_n) in the responses' timings) and the ratio of fleet tokens/s to
+conversations (cache_n / (cache_n + prompt_n) in the responses' timings; and of the resent prefix alone: the last
+turn's prompt and answer) and the ratio of fleet tokens/s to
 the sum of the instances' single-stream tokens/s (each instance measured directly, alone, with the same mix).
 
 The configurations are the gateway's, switched at run time through HAProxy's runtime API (no restart):
@@ -137,7 +138,7 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.key, self.args, self.deadline = url, key, args, deadline
         self.rng = random.Random(seed * 1000 + idx)
-        self.idx, self.rows, self.conversation, self.turn = idx, [], None, 0
+        self.idx, self.rows, self.conversation, self.turn, self.held = idx, [], None, 0, None
 
     def next_request(self):
         a = self.args
@@ -159,9 +160,12 @@ class Client(threading.Thread):
             kind, messages, n = self.next_request()
             session = f"client-{self.idx}" if kind == "turn" else None
             res = chat(self.url, self.key, list(messages), n, self.args.stream, session)
-            res.update(kind=kind, turn=self.turn if kind == "turn" else None, t_end=time.monotonic())
+            res.update(kind=kind, turn=self.turn if kind == "turn" else None, t_end=time.monotonic(),
+                       resent=self.held if kind == "turn" and self.turn else None)  # fmt: skip
             self.rows.append(res)
             if kind == "turn":
+                # what the server held of this conversation after this turn: its prompt and its answer
+                self.held = (res["cache_n"] or 0) + (res["prompt_n"] or 0) + res["tokens"] if res["ok"] else None
                 if res["ok"] and self.turn + 1 < self.args.turns:
                     self.conversation.append({"role": "assistant", "content": res.get("text") or "..."})
                     self.conversation.append({"role": "user", "content": "Go on, in more detail."})
@@ -188,6 +192,11 @@ def summarize(rows, wall):
     later_turns = [r for r in good if r["kind"] == "turn" and r["turn"] and r["cache_n"] is not None]
     cached = sum(r["cache_n"] for r in later_turns)
     fresh = sum(r["prompt_n"] or 0 for r in later_turns)
+    # the goal's measure: of the tokens a later turn resends (the last turn's prompt and answer), the share that
+    # came from the prompt cache
+    resent = [r for r in later_turns if r.get("resent")]
+    resent_total = sum(r["resent"] for r in resent)
+    resent_cached = sum(min(r["cache_n"], r["resent"]) for r in resent)
 
     def ms(xs, p):
         v = pct(xs, p)
@@ -204,6 +213,7 @@ def summarize(rows, wall):
         **{f"e2e_p{p}_ms": ms([r["e2e"] for r in good], p) for p in (50, 95, 99)},
         **{f"short_e2e_p{p}_ms": ms([r["e2e"] for r in short], p) for p in (50, 95, 99)},
         "cache_reuse": round(cached / (cached + fresh), 3) if cached + fresh else None,
+        "prefix_reuse": round(resent_cached / resent_total, 3) if resent_total else None,
     }
 
 
@@ -303,6 +313,9 @@ def bench_inventory(args):
     gv["llamafleet_models"].append({"name": name, "source": "controller", "controller_path": str(path)})
     gv["llamafleet_instances"][0]["model"] = name
     gv["llamafleet_instances"][0]["parallel"] = args.parallel
+    for item in args.instance_field or []:
+        field, _, value = item.partition("=")
+        gv["llamafleet_instances"][0][field] = yaml.safe_load(value)
     gv_path.write_text("---\n" + yaml.safe_dump(gv, sort_keys=False))
     return inv, name
 
@@ -314,7 +327,7 @@ def table(results, levels, configs):
     cols = [("req", "requests"), ("fail", "failed"), ("tok/s", "tok_s"), ("vs 1-stream", "ratio"),
             ("ttft p50", "ttft_p50_ms"), ("ttft p99", "ttft_p99_ms"), ("e2e p50", "e2e_p50_ms"),
             ("e2e p95", "e2e_p95_ms"), ("e2e p99", "e2e_p99_ms"), ("short p50", "short_e2e_p50_ms"),
-            ("short p99", "short_e2e_p99_ms"), ("cache", "cache_reuse")]  # fmt: skip
+            ("short p99", "short_e2e_p99_ms"), ("cache", "cache_reuse"), ("prefix", "prefix_reuse")]  # fmt: skip
     print(f"{'clients':>7} {'config':<11} " + " ".join(f"{h:>11}" for h, _ in cols))
     for level in levels:
         for cfg in configs:
@@ -325,7 +338,8 @@ def table(results, levels, configs):
                 cells.append(f"{'-' if v is None else v:>11}")
             print(f"{level:>7} {cfg:<11} " + " ".join(cells))
     print("(latencies in ms; 'vs 1-stream': fleet tokens/s / sum of the instances' single-stream tokens/s;")
-    print(" 'cache': prompt tokens of later conversation turns served from the prompt cache)")
+    print(" 'cache': prompt tokens of later conversation turns served from the prompt cache;")
+    print(" 'prefix': of the tokens a later turn resends (the last turn's prompt and answer), those from the cache)")
 
 
 def main():
@@ -353,11 +367,17 @@ def main():
     p.add_argument("--model-embd", type=int, default=768)
     p.add_argument("--model-layers", type=int, default=6)
     p.add_argument("--parallel", type=int, default=1, help="sandbox: slots per instance")
+    p.add_argument("--instance-field", action="append", metavar="FIELD=YAML",
+                   help="sandbox: set a field of the benchmark's instance (repeatable), e.g. "
+                        "'extra_args=[--slot-prompt-similarity, \"0\"]'")  # fmt: skip
     p.add_argument(
         "--affinity",
         action="store_true",
         help="sandbox: deploy the gateway with llama_gateway_affinity: header first (and put it back)",
     )
+    p.add_argument("--gateway-var", action="append", metavar="VAR=VALUE",
+                   help="sandbox: deploy the gateway with this role variable first (repeatable; put back after), "
+                        "e.g. llama_gateway_slot_aware=true llama_gateway_queue_order=fifo")  # fmt: skip
     args = p.parse_args()
     key = args.key_file.read_text().split()[0]
 
@@ -384,11 +404,17 @@ def main():
                 s = site(inv)
                 restore.append(lambda: site(REPO / "inventories" / "sandbox"))
                 print(f"sandbox: serving {model} (site.yml on {inv}, {s:.0f} s; the plan sees each host's cores)")
-            if args.affinity:
-                s = site(inv if not args.keep_sandbox_model else REPO / "inventories" / "sandbox",
-                         "-e", "llama_gateway_affinity=header", gateway=True)  # fmt: skip
+            gateway_vars = (["llama_gateway_affinity=header"] if args.affinity else []) + (args.gateway_var or [])
+            if gateway_vars:
+                import yaml
+
+                # as JSON, so true is a boolean (key=value would hand the role the string "true")
+                pairs = [v.partition("=") for v in gateway_vars]
+                extra = [x for k, _, v in pairs for x in ("-e", json.dumps({k: yaml.safe_load(v)}))]
+                s = site(inv if not args.keep_sandbox_model else REPO / "inventories" / "sandbox", *extra,
+                         gateway=True)  # fmt: skip
                 restore.append(lambda: site(REPO / "inventories" / "sandbox", gateway=True))
-                print(f"sandbox: gateway deployed with llama_gateway_affinity: header ({s:.0f} s)")
+                print(f"sandbox: gateway deployed with {', '.join(gateway_vars)} ({s:.0f} s)")
             url = f"http://{ip(gw)}:8000"
             instances = [f"http://{ip(h)}:8080" for h in hosts]
             admin = args.admin_cmd or f"podman exec -i {gw} python3 -c {shlex.quote(SOCKET_PY)}"

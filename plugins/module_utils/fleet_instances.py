@@ -45,7 +45,8 @@ ROPE_SCALING = ["linear", "yarn"]
 # name -> spec. "default": applied by resolve (None: not rendered, llama-server's own default, or the
 # plan's where "plan" names the planner option). "flag": a value llama-server takes as it is - the flag it renders
 # to, then its other spellings (extra_args may not use any of them); rendered only where the built binary lists
-# the flag (else refused, naming the field), and only with MTP on where "with_mtp". "doc": the one description
+# the flag (else refused, naming the field; a default with "default_if_known" - more flags it needs - is left out
+# instead where the binary lacks one of them), and only with MTP on where "with_mtp". "doc": the one description
 # (scripts/field_docs.py writes the fields into the role's argument_specs and the llama_server_args module's
 # DOCUMENTATION; a unit test fails when they are stale).
 FIELDS: dict = {
@@ -164,6 +165,22 @@ FIELDS: dict = {
         "choices": CACHE_TYPES,
         "plan": "draft_cache_type_v",
         "doc": "KV cache type V of the MTP draft context (C(--spec-draft-type-v)); default the plan's.",
+    },
+    "slot_prompt_similarity": {
+        "type": "float",
+        "default": 0.0,
+        "min": 0.0,
+        "max": 1.0,
+        "why": "a fraction of the request's prompt (--slot-prompt-similarity); 0 turns the similarity pick off",
+        "flag": ["--slot-prompt-similarity", "-sps"],
+        "default_if_known": ["--cache-ram"],
+        "doc": (
+            "C(--slot-prompt-similarity), 0-1. The default 0 makes every slot switch save the slot's prompt to "
+            "llama-server's host-memory prompt cache (C(--cache-ram)) and load the request's best match from it, "
+            "so conversations that share a system prompt keep their prefixes when there are more of them than "
+            "slots (llama.cpp's own 0.1 reuses a similar slot without saving it). The default is rendered only "
+            "where the binary has the flag and C(--cache-ram); refused with C(--cache-ram 0) in C(extra_args)."
+        ),
     },
     "rope_scaling": {"type": "str", "choices": ROPE_SCALING, "doc": "Opt into a context above the training one."},
     "rope_scale": {"type": "float", "doc": "--rope-scale (with rope_scaling)."},
@@ -502,6 +519,18 @@ def _extra_args_problems(inst, host, label):
     return problems
 
 
+def _prompt_cache_off(extra_args):
+    """Whether extra_args turns llama-server's host-memory prompt cache off (--cache-ram 0, -cram 0, =0)."""
+    tokens = [str(t) for t in extra_args]
+    for i, tok in enumerate(tokens):
+        flag, eq, value = tok.partition("=")
+        if flag in ("--cache-ram", "-cram"):
+            value = value if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
+            if value.strip() in ("0", "+0", "-0"):
+                return True
+    return False
+
+
 def environment_ok(key, value):
     """Whether an instance may set this environment variable to this value (as text)."""
     return bool(_ENV_KEY.match(key)) and key not in RESERVED_ENV and (not value or bool(SAFE_WORD.match(value)))
@@ -547,6 +576,12 @@ def value_problems(inst, host=None):
             )
     if isinstance(inst.get("extra_args"), list):
         problems += _extra_args_problems(inst, host, label)
+        if inst.get("slot_prompt_similarity") == 0 and _prompt_cache_off(inst["extra_args"]):
+            problems.append(
+                f"{where(host, label, 'slot_prompt_similarity')}: 0 (the default) relies on llama-server's "
+                "host-memory prompt cache, which extra_args turns off (--cache-ram 0): set slot_prompt_similarity "
+                "(llama.cpp's own default is 0.1) or drop --cache-ram 0"
+            )
     if isinstance(inst.get("environment"), dict):
         problems += _environment_problems(inst, host, label)
     return problems

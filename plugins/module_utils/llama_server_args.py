@@ -180,12 +180,16 @@ class _Flags:
 
 def _table_flags(inst: dict, mtp, flags: _Flags, binary: str, problems: list) -> list:
     """The fields FIELDS renders as they are ("flag"), in its order: only those set, the MTP ones only with MTP on,
-    each refused (naming the field) where the binary does not list its flag."""
+    each refused (naming the field) where the binary does not list its flag - except a default marked
+    "default_if_known", which such a binary simply does not get."""
     out = []
     for key, spec in FIELDS.items():
         if not spec.get("flag") or inst.get(key) is None or (spec.get("with_mtp") and not mtp):
             continue
         flag = spec["flag"][0]
+        needs = spec.get("default_if_known")
+        if needs and inst[key] == spec.get("default") and not all(flags.knows(f) for f in [flag, *needs]):
+            continue  # a default the product chose: a binary without what it needs keeps its own behaviour
         if not flags.knows(flag):
             problems.append(
                 f"instance {inst['name']!r}, field {key!r}: it renders {flag}, which {binary} does not know (not in "

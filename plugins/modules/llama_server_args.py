@@ -146,6 +146,15 @@ options:
           - q5_0
           - q5_1
         default: f16
+      slot_prompt_similarity:
+        description: >-
+          C(--slot-prompt-similarity), 0-1. The default 0 makes every slot switch save the slot's prompt to
+          llama-server's host-memory prompt cache (C(--cache-ram)) and load the request's best match from it, so
+          conversations that share a system prompt keep their prefixes when there are more of them than slots
+          (llama.cpp's own 0.1 reuses a similar slot without saving it). The default is rendered only where the binary
+          has the flag and C(--cache-ram); refused with C(--cache-ram 0) in C(extra_args).
+        type: float
+        default: 0.0
       rope_scaling:
         description: Opt into a context above the training one.
         type: str

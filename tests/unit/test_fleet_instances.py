@@ -480,3 +480,29 @@ def test_every_field_refuses_a_bad_value_naming_host_instance_and_field():
     _out, problems = resolve([inst for _label, inst in cases.values()])
     named = {key for key, (label, _inst) in cases.items() if any(fi.where("h1", label, key) in p for p in problems)}
     assert named == set(cases)
+
+
+def test_slot_prompt_similarity_defaults_to_0_and_is_refused_with_the_prompt_cache_off():
+    """0 (the default) makes llama-server save a slot's prompt to its host-memory prompt cache at every switch;
+    with that cache turned off in extra_args it would only lose the similarity pick, so the resolver refuses the
+    pair before any host changes, naming host, instance and field; an explicit value or the cache on passes."""
+    (inst,), problems = resolve([{"name": "a", "model": "m", "port": 8080}])
+    assert problems == [] and inst["slot_prompt_similarity"] == 0.0
+    _, problems = resolve(
+        [
+            {"name": "off", "model": "m", "port": 8080, "extra_args": ["--cache-ram", "0"]},
+            {"name": "off2", "model": "m", "port": 8081, "extra_args": ["-cram=0"]},
+            {"name": "own", "model": "m", "port": 8082, "extra_args": ["--cache-ram", "0"],
+             "slot_prompt_similarity": 0.1},
+            {"name": "big", "model": "m", "port": 8083, "extra_args": ["--cache-ram", "16384"]},
+            {"name": "bad", "model": "m", "port": 8084, "slot_prompt_similarity": 1.5},
+        ]
+    )  # fmt: skip
+    text = "\n".join(problems)
+    for name in ("off", "off2"):
+        assert (
+            f"host h1, instance '{name}', field 'slot_prompt_similarity': 0 (the default) relies on llama-server's "
+            "host-memory prompt cache, which extra_args turns off (--cache-ram 0)"
+        ) in text
+    assert "host h1, instance 'bad', field 'slot_prompt_similarity': slot_prompt_similarity 1.5 must be" in text
+    assert len(problems) == 3, problems

@@ -509,3 +509,25 @@ def test_module_with_probed_capabilities_of_the_real_binary(served):
     result = run_module("llama_server_args", args)
     (r,) = result["instances"]
     assert value(r["args"], "--spec-type") == probe["capabilities"]["mtp_spec_type"]
+
+
+def test_slot_prompt_similarity_default_rendered_where_the_binary_has_it_and_the_prompt_cache(model_info):
+    """The default 0 is rendered where the binary lists --slot-prompt-similarity and --cache-ram (the mainline and
+    PR captures); a binary without either keeps its own behaviour (not rendered, not refused); a value the
+    inventory sets is refused there, naming the field."""
+    inst = [{"name": "a", "model_path": AGREE, "port": 8081}]
+    (main,) = render(inst, model_info, MAINLINE)
+    (pr,) = render(inst, model_info, PR)
+    assert value(main["args"], "--slot-prompt-similarity") == "0.0" == value(pr["args"], "--slot-prompt-similarity")
+    (plain,) = render([{"name": "b", "model_path": PLAIN, "port": 8082, "mtp": False}], model_info)
+    assert value(plain["args"], "--slot-prompt-similarity") == "0.0"  # not an MTP setting
+    (own,) = render([dict(inst[0], slot_prompt_similarity=0.25)], model_info)
+    assert value(own["args"], "--slot-prompt-similarity") == "0.25"
+    for missing in ("--cache-ram", "--slot-prompt-similarity"):
+        caps = dict(MAINLINE, flags=[f for f in MAINLINE["flags"] if f != missing])
+        (kept,) = render(inst, model_info, caps)
+        assert "--slot-prompt-similarity" not in kept["args"]
+    caps = dict(MAINLINE, flags=[f for f in MAINLINE["flags"] if f != "--slot-prompt-similarity"])
+    msg = refused([dict(inst[0], slot_prompt_similarity=0.25)], model_info, caps)
+    assert "instance 'a', field 'slot_prompt_similarity': it renders --slot-prompt-similarity, which" in msg
+    assert "slot_prompt_similarity" in refused([dict(inst[0], extra_args=["-sps", "0.5"])], model_info)
