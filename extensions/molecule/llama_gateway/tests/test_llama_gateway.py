@@ -194,3 +194,66 @@ def test_no_key_in_the_journal(host):
     for secret in (KEY,):
         found = host.run(f"journalctl --no-pager -o export | grep -acF -- {shlex.quote(secret)}")
         assert found.stdout.strip() == "0", f"{secret[:6]}... is in the journal {found.stdout.strip()} times"
+
+
+_ORDER = r"""
+import json, os, signal, socket, subprocess, sys, threading, time, urllib.request
+
+key, held, other = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def admin(cmd):
+    s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall((cmd + "\n").encode())
+    b = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            return b.decode()
+        b += d
+
+
+def pid(unit):
+    return int(subprocess.check_output(["systemctl", "show", "-p", "MainPID", "--value", unit]).strip())
+
+
+done = []
+
+
+def ask(label, max_tokens):
+    body = {"model": "tiny-agree", "messages": [{"role": "user", "content": "Tell me a story"}],
+            "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request("http://127.0.0.1:8000/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=60) as r:
+        done.append((label, r.status))
+
+
+print(admin(f"set server llama/{other} state maint").strip(), file=sys.stderr)
+server = pid("llama-server@" + held.rsplit("_", 1)[1] + ".service")
+os.kill(server, signal.SIGSTOP)  # the held instance's one slot is taken by the first request, which waits
+try:
+    threads = []
+    for label, n, pause in (("first", 8, 0.3), ("long", 200, 0.2), ("short", 4, 0.2)):
+        t = threading.Thread(target=ask, args=(label, n)); t.start(); threads.append(t); time.sleep(pause)
+    queued = [line for line in admin("show stat").splitlines() if line.startswith("llama,BACKEND,")]
+finally:
+    os.kill(server, signal.SIGCONT)
+for t in threads:
+    t.join()
+print(admin(f"set server llama/{other} state ready").strip(), file=sys.stderr)
+print(json.dumps({"done": done, "backend_queue": queued[0].split(",")[2] if queued else None}))
+"""
+
+
+def test_short_requests_leave_the_slot_queue_first(host):
+    """llama_gateway_slot_aware with the default queue order (short_first): a request waits in HAProxy's queue as
+    if it had arrived 10 ms later per token it asks for. With instance b in maintenance and instance a's one slot
+    held (its llama-server stopped with SIGSTOP for under a second, so the first request is in flight), a 200-token
+    request queued 0.2 s before a 4-token one is served after it; in arrival order (fifo) it would be first. Real
+    HAProxy, real llama-server; the stop only holds the slot."""
+    out = json.loads(host.check_output(f"python3 -c {shlex.quote(_ORDER)} {KEY} {SERVERS[0]} {SERVERS[1]}"))
+    assert out["backend_queue"] == "2", out  # both waited in the backend's queue
+    assert out["done"] == [["first", 200], ["short", 200], ["long", 200]], out
+    rows = stat(host)
+    assert {s: rows[s]["status"] for s in SERVERS} == {s: "UP" for s in SERVERS}
