@@ -10,7 +10,8 @@ measured) or not. Per level and configuration: requests, failures, fleet complet
 token and end-to-end latency p50/p95/p99 (all and short requests alone), the prompt-cache reuse of the
 conversations (cache_n / (cache_n + prompt_n) in the responses' timings; and of the resent prefix alone: the last
 turn's prompt and answer) and the ratio of fleet tokens/s to
-the sum of the instances' single-stream tokens/s (each instance measured directly, alone, with the same mix).
+the sum of the instances' single-stream tokens/s (each instance measured directly, alone, with the same mix), and
+the same ratio for the level's own mix (each request served counted at its kind's single-stream latency).
 
 The configurations are the gateway's, switched at run time through HAProxy's runtime API (no restart):
   slot-aware  each server's maxconn = its instance's slots (llama_gateway_slot_aware: true, opt-in): requests
@@ -214,7 +215,32 @@ def summarize(rows, wall):
         **{f"short_e2e_p{p}_ms": ms([r["e2e"] for r in short], p) for p in (50, 95, 99)},
         "cache_reuse": round(cached / (cached + fresh), 3) if cached + fresh else None,
         "prefix_reuse": round(resent_cached / resent_total, 3) if resent_total else None,
+        # per kind of request: how many ended well and their summed latency (the same-mix ratio's inputs)
+        "kinds": {k: _kind(good, k) for k in ("short", "long", "turn")},
     }
+
+
+def _kind(rows, kind):
+    rows = [r for r in rows if r["kind"] == kind]
+    return {"n": len(rows), "e2e_s": round(sum(r["e2e"] for r in rows), 3)}
+
+
+def same_mix_ratio(level, singles):
+    """What the fleet did per second of wall time, in the instances' own single-stream time: each request the level
+    served counts the mean latency its kind had on one instance alone (the instances' average), and the sum over
+    the requests is divided by the instances and the wall time. 1.0: every instance as busy and as fast as alone.
+    Unlike tokens/s against the single streams' tokens/s it does not move with the level's random mix (20 % long
+    completions of 160 tokens among 12-token ones: a few more long ones in a 20 s level raise tokens/s by a fifth)."""
+    means = {}
+    for kind in ("short", "long", "turn"):
+        per = [s["kinds"][kind]["e2e_s"] / s["kinds"][kind]["n"] for s in singles if s["kinds"][kind]["n"]]
+        means[kind] = sum(per) / len(per) if per else None
+    work = 0.0
+    for kind, k in level["kinds"].items():
+        if k["n"] and means[kind] is None:
+            return None  # a kind the single streams never sent: no reference for it
+        work += k["n"] * (means[kind] or 0)
+    return round(work / (len(singles) * level["wall_s"]), 3) if singles and level["wall_s"] else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,6 +351,7 @@ def bench_inventory(args):
 
 def table(results, levels, configs):
     cols = [("req", "requests"), ("fail", "failed"), ("tok/s", "tok_s"), ("vs 1-stream", "ratio"),
+            ("same mix", "same_mix"),
             ("ttft p50", "ttft_p50_ms"), ("ttft p99", "ttft_p99_ms"), ("e2e p50", "e2e_p50_ms"),
             ("e2e p95", "e2e_p95_ms"), ("e2e p99", "e2e_p99_ms"), ("short p50", "short_e2e_p50_ms"),
             ("short p99", "short_e2e_p99_ms"), ("cache", "cache_reuse"), ("prefix", "prefix_reuse")]  # fmt: skip
@@ -338,6 +365,7 @@ def table(results, levels, configs):
                 cells.append(f"{'-' if v is None else v:>11}")
             print(f"{level:>7} {cfg:<11} " + " ".join(cells))
     print("(latencies in ms; 'vs 1-stream': fleet tokens/s / sum of the instances' single-stream tokens/s;")
+    print(" 'same mix': the requests served, each at its kind's single-stream latency, per instance and second;")
     print(" 'cache': prompt tokens of later conversation turns served from the prompt cache;")
     print(" 'prefix': of the tokens a later turn resends (the last turn's prompt and answer), those from the cache)")
 
@@ -467,6 +495,7 @@ def main():
                     gateway.set_affinity(cfg == "affinity")
                 r = run_level(url, key, level, args, args.seed + level)
                 r["ratio"] = round(r["tok_s"] / single_sum, 3) if single_sum and r["tok_s"] else None
+                r["same_mix"] = same_mix_ratio(r, list(single.values()))
                 results[cfg][str(level)] = r
         print()
         table(results, levels, configs)
