@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("LLAMA_MTP_CACHE", "/var/cache/llama-mtp-fleet"))
 SOCKET_PY = (
@@ -335,8 +337,6 @@ def bench_inventory(args):
                         str(out)], check=True, capture_output=True)  # fmt: skip
     inv = Path(tempfile.mkdtemp(prefix="fleet-load-inv-")) / "sandbox"
     shutil.copytree(REPO / "inventories" / "sandbox", inv)
-    import yaml
-
     gv_path = inv / "group_vars" / "llama_hosts.yml"
     gv = yaml.safe_load(gv_path.read_text())
     gv["llamafleet_models"].append({"name": name, "source": "controller", "controller_path": str(path)})
@@ -437,8 +437,6 @@ def main():
                 print(f"sandbox: serving {model} (site.yml on {inv}, {s:.0f} s; the plan sees each host's cores)")
             gateway_vars = (["llama_gateway_affinity=header"] if args.affinity else []) + (args.gateway_var or [])
             if gateway_vars:
-                import yaml
-
                 # as JSON, so true is a boolean (key=value would hand the role the string "true")
                 pairs = [v.partition("=") for v in gateway_vars]
                 extra = [x for k, _, v in pairs for x in ("-e", json.dumps({k: yaml.safe_load(v)}))]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 
 import pytest
 
@@ -255,5 +256,10 @@ def test_short_requests_leave_the_slot_queue_first(host):
     out = json.loads(host.check_output(f"python3 -c {shlex.quote(_ORDER)} {KEY} {SERVERS[0]} {SERVERS[1]}"))
     assert out["backend_queue"] == "2", out  # both waited in the backend's queue
     assert out["done"] == [["first", 200], ["short", 200], ["long", 200]], out
-    rows = stat(host)
+    # both back: b left maintenance, and its health checks need a few seconds to settle ("UP 1/2" on the way)
+    for _ in range(20):
+        rows = stat(host)
+        if all(rows[s]["status"] == "UP" for s in SERVERS):
+            break
+        time.sleep(0.5)
     assert {s: rows[s]["status"] for s in SERVERS} == {s: "UP" for s in SERVERS}
