@@ -266,6 +266,10 @@ class Gateway:
     def maxconn(self):
         return {r["svname"]: int(r["slim"]) if r.get("slim") else 0 for r in self.servers()}
 
+    def addresses(self):
+        """Each server's address:port as the gateway reaches it (show stat's addr)."""
+        return {r["svname"]: r.get("addr") or "" for r in self.servers()}
+
     def affinity_servers(self):
         """The servers of the session-affinity backend (llama_gateway_affinity), if the gateway has one."""
         lines = self.api("show stat").splitlines()
@@ -290,6 +294,18 @@ class Gateway:
             answer = self.api(f"set maxconn server {self.backend}/{name} {n}").strip()
             if answer:
                 raise SystemExit(f"runtime API: set maxconn server {self.backend}/{name} {n}: {answer}")
+
+
+def total_slots(addr, key, timeout=10):
+    """llama-server's own slot count (GET /props: total_slots), or None where it does not answer."""
+    host, _, port = addr.rpartition(":")
+    try:
+        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+        conn.request("GET", "/props", headers={"Authorization": f"Bearer {key}"})
+        resp = conn.getresponse()
+        return int(json.loads(resp.read())["total_slots"]) if resp.status == 200 else None
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -456,11 +472,15 @@ def main():
         deployed = gateway.maxconn()
         if not deployed:
             raise SystemExit(f"the gateway has no servers in backend {args.backend}")
-        slots = sum(v for v in deployed.values() if v) or len(deployed)
-        if not all(deployed.values()):
-            print(f"note: the gateway runs without maxconn on {[k for k, v in deployed.items() if not v]}: "
-                  "slot-aware here means maxconn 1 per server")  # fmt: skip
-        slot_aware = {k: v or 1 for k, v in deployed.items()}
+        # slot-aware: maxconn = the instance's slots; where the gateway was deployed without maxconn, ask the
+        # instance itself (/props total_slots) through the address the gateway uses
+        asked = {k: total_slots(a, key) for k, a in gateway.addresses().items() if not deployed.get(k)}
+        slot_aware = {k: v or asked.get(k) or 1 for k, v in deployed.items()}
+        if asked:
+            said = ", ".join(f"{k}: {v or 'no answer, 1'}" for k, v in sorted(asked.items()))
+            print(f"note: the gateway runs without maxconn on {sorted(asked)}: slot-aware here means maxconn = "
+                  f"the slots each llama-server reports in /props ({said})")  # fmt: skip
+        slots = sum(slot_aware.values())
         settings = {"slot-aware": slot_aware, "leastconn": dict.fromkeys(deployed, 0),
                     "affinity": dict.fromkeys(deployed, 0)}  # fmt: skip
         restore.append(lambda: gateway.set_maxconn(deployed))
