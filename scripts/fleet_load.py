@@ -257,29 +257,20 @@ class Gateway:
         out = subprocess.run(self.cmd, input=command + "\n", capture_output=True, text=True, shell=True, check=True)
         return out.stdout
 
-    def servers(self):
+    def servers(self, backend=None):
+        """show stat's rows of the servers of a backend (default: the main one)."""
         lines = self.api("show stat").splitlines()
         head = lines[0].lstrip("# ").split(",")
         rows = [dict(zip(head, line.split(","), strict=False)) for line in lines[1:] if line]
-        return [r for r in rows if r["pxname"] == self.backend and r["svname"] not in ("FRONTEND", "BACKEND")]
+        backend = backend or self.backend
+        return [r for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")]
 
-    def maxconn(self):
-        return {r["svname"]: int(r["slim"]) if r.get("slim") else 0 for r in self.servers()}
-
-    def addresses(self):
-        """Each server's address:port as the gateway reaches it (show stat's addr)."""
-        return {r["svname"]: r.get("addr") or "" for r in self.servers()}
+    def maxconn(self, rows=None):
+        return {r["svname"]: int(r["slim"]) if r.get("slim") else 0 for r in (self.servers() if rows is None else rows)}
 
     def affinity_servers(self):
         """The servers of the session-affinity backend (llama_gateway_affinity), if the gateway has one."""
-        lines = self.api("show stat").splitlines()
-        head = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(head, line.split(","), strict=False)) for line in lines[1:] if line]
-        return [
-            r["svname"]
-            for r in rows
-            if r["pxname"] == f"{self.backend}_affinity" and r["svname"] not in ("FRONTEND", "BACKEND")
-        ]
+        return [r["svname"] for r in self.servers(f"{self.backend}_affinity")]
 
     def set_affinity(self, on):
         """Affinity off at run time: its servers in MAINT, so the gateway sends sessions to the least busy server
@@ -469,12 +460,13 @@ def main():
                 raise SystemExit("--admin-cmd is needed with --gateway (the configurations switch through it)")
             admin = args.admin_cmd
         gateway = Gateway(admin, args.backend)
-        deployed = gateway.maxconn()
+        rows = gateway.servers()
+        deployed = gateway.maxconn(rows)
         if not deployed:
             raise SystemExit(f"the gateway has no servers in backend {args.backend}")
         # slot-aware: maxconn = the instance's slots; where the gateway was deployed without maxconn, ask the
         # instance itself (/props total_slots) through the address the gateway uses
-        asked = {k: total_slots(a, key) for k, a in gateway.addresses().items() if not deployed.get(k)}
+        asked = {r["svname"]: total_slots(r.get("addr") or "", key) for r in rows if not deployed[r["svname"]]}
         slot_aware = {k: v or asked.get(k) or 1 for k, v in deployed.items()}
         if asked:
             said = ", ".join(f"{k}: {v or 'no answer, 1'}" for k, v in sorted(asked.items()))
