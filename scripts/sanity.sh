@@ -39,6 +39,22 @@ sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", "--upgrade", *
 EOF
 done
 
+# Requirements of this ansible-test that only resolve from GitHub (a `name @ https://...` line) get their PyPI
+# equivalent from scripts/sanity-pypi-equivalents.txt; one without an equivalent there is named and refused.
+reqdir=$(python3 -c 'import ansible_test, os; print(os.path.join(os.path.dirname(ansible_test.__file__), "_data", "requirements"))')
+for f in "$reqdir"/*.txt; do
+  grep -q '^[A-Za-z0-9_.-]* @ https://' "$f" || continue
+  while read -r name url_line; do
+    pin=$(awk -v n="$name" '$1 == n {print $2}' "$repo/scripts/sanity-pypi-equivalents.txt")
+    if [ -z "$pin" ]; then
+      echo "sanity: $(basename "$f") of $(ansible --version | sed -n 1p) wants $name from a URL ($url_line); add its PyPI equivalent to scripts/sanity-pypi-equivalents.txt" >&2
+      exit 1
+    fi
+    sed -i "s|^$name @ https://.*|$pin|" "$f"
+    echo "sanity: $(basename "$f"): $name from PyPI ($pin, scripts/sanity-pypi-equivalents.txt) instead of a GitHub archive"
+  done < <(sed -n 's/^\([A-Za-z0-9_.-]*\) @ \(https:.*\)/\1 \2/p' "$f")
+done
+
 # Build and install the artifact (with --force: the checkout's ansible.cfg points
 # collections_path at the checkout itself, and without --force install would do nothing).
 rm -f "$work"/dist/*.tar.gz
@@ -53,7 +69,7 @@ echo "sanity: $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KiB), instal
 rm -rf "$work/deps-check"
 if ! out=$(ANSIBLE_CONFIG="$work/ansible.cfg" ansible-galaxy collection install --offline -p "$work/deps-check" "$tarball" 2>&1); then
   echo "$out" >&2
-  echo "sanity: galaxy.yml's dependencies are not met by the collections of $(ansible --version | head -1)" >&2
+  echo "sanity: galaxy.yml's dependencies are not met by the collections of $(ansible --version | sed -n 1p)" >&2
   exit 1
 fi
 echo "sanity: dependencies met by the bundle: $(echo "$out" | grep -o "'[a-z_.]*:[0-9.]*' is already installed" | cut -d"'" -f2 | tr '\n' ' ')"

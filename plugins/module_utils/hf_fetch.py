@@ -4,7 +4,7 @@ No Ansible imports (the hf_download module wraps :func:`fetch`; tests/unit/test_
 the Hub stand-in). huggingface_hub is imported lazily, after the environment it reads at import time is set, so
 this file can be imported where the client is not installed.
 
-What the client does and what is added here (huggingface_hub 2.4.0):
+What the client does and what is added here (huggingface_hub 2.5.0):
 
 * metadata: ``get_hf_file_metadata`` (HEAD on ``/resolve/<rev>/<file>``) gives the commit, the size and the ETag
   (the sha256 for LFS files); the include globs are matched against ``HfApi.list_repo_files``. Gated, missing

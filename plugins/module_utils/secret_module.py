@@ -12,21 +12,33 @@ Ansible applies to a module's result) before AnsibleModule stringifies them, so 
 is masked whatever characters it has. The module's own ``params`` are left as they were. Every module of
 the collection that takes a secret (an option or suboption with ``no_log``) uses this class; a unit test
 walks every module's argument spec and holds them to it.
+
+ansible-core 2.22 fixed this upstream: its invocation log redacts no_log options by their place in the
+argument spec (``AnsibleModule._redact_no_log_params``), suboptions included, and deprecates ``remove_values``
+(removal in 2.25; "secret values are now masked automatically"). There the class adds nothing and calls no
+deprecated function; on 2.20 and 2.21 it masks as described above.
 """
 
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule as _AnsibleModule
-from ansible.module_utils.common.parameters import remove_values
+
+# ansible-core 2.22+: the invocation log is redacted structurally by AnsibleModule itself.
+_REDACTS_STRUCTURALLY = hasattr(_AnsibleModule, "_redact_no_log_params")
 
 
 class AnsibleModule(_AnsibleModule):
     """ansible.module_utils.basic.AnsibleModule, with the invocation log masked structurally."""
 
     def _log_invocation(self):
+        if _REDACTS_STRUCTURALLY:
+            return super()._log_invocation()
+        # ansible-core 2.20/2.21, where remove_values is not deprecated (imported here: never on 2.22+)
+        from ansible.module_utils.common.parameters import remove_values
+
         params = self.params
         self.params = remove_values(params, self.no_log_values)
         try:
-            super()._log_invocation()
+            return super()._log_invocation()
         finally:
             self.params = params

@@ -113,7 +113,7 @@ notes:
     a token not authorized, 401 invalid token, 404 repository, 404 revision, 404 file, not enough disk space,
     sha256 mismatch (the download is deleted, an installed file is left untouched), interrupted transfer.
 requirements:
-  - huggingface_hub 2.4 (2.4.0 is the version tested, the one the model_fetch role installs; Python 3.10+)
+  - huggingface_hub 2.5 (2.5.0 is the version tested, the one the model_fetch role installs; Python 3.10+)
     on the Python that runs the module; hf_xet is optional
 """
 

@@ -2,7 +2,7 @@
 """Hugging Face Hub stand-in: a small HTTP server for tests (test-only code).
 
 STAND-IN: the real Hub (huggingface.co) cannot be reached from the test machines, so this server answers the
-part of the Hub HTTP contract that downloads use, well enough for the REAL huggingface_hub client (2.4.0) and
+part of the Hub HTTP contract that downloads use, well enough for the REAL huggingface_hub client (2.5.0) and
 llama.cpp's downloader to fetch real files through it (``HF_ENDPOINT=http://127.0.0.1:PORT``,
 ``HF_HUB_DISABLE_XET=1``). It is not the Hub: no uploads, no datasets/spaces, no Xet, no pagination.
 
@@ -53,7 +53,7 @@ Errors, as the Hub answers them (X-Error-Code / X-Error-Message headers, JSON bo
 
 Fault injection: ``--drop-after N`` cuts the body of the first full (no Range) GET of each file after N bytes
 (Content-Length still announces the whole file, then the connection is closed), once per file per server.
-Note for resume tests: huggingface_hub 2.4.0 reads the body in 10 MiB chunks (DOWNLOAD_CHUNK_SIZE) and writes
+Note for resume tests: huggingface_hub 2.5.0 reads the body in 10 MiB chunks (DOWNLOAD_CHUNK_SIZE) and writes
 only whole chunks before a retry, so it resumes with ``Range: bytes=<k*10MiB>-``; a cut below 10 MiB makes it
 start over with a plain GET. It also does not resume across processes (its temp file is per process).
 

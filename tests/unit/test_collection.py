@@ -28,7 +28,12 @@ def test_build_and_install(tmp_path):
         assert f"plugins/modules/{m}.py" in names
     assert "playbooks/site.yml" in names and "site.yml" not in names  # the checkout's entry stays behind
     assert "LICENSE" in names
-    assert "tests/sanity/ignore-2.19.txt" in names  # ansible-test reads it on the artifact (scripts/sanity.sh)
+    assert "tests/sanity/ignore-2.22.txt" in names  # ansible-test reads it on the artifact (scripts/sanity.sh)
+    # what a user of the installed collection needs: the README, the reference docs and the changelog, not the
+    # lab notebook, the test docs or the unreleased fragments
+    assert {"README.md", "CHANGELOG.md", "docs/gateway.md", "docs/declared-state.md"} <= names
+    assert not {"docs/measurements.md", "docs/testing.md"} & names
+    assert not [n for n in names if n.startswith("changelogs/fragments/")]
     dev = (".venv", "collections/", ".git/", "scripts/", "inventories/", "molecule/", "extensions/", ".cache")
     assert not any(n.startswith(dev) for n in names), sorted(n for n in names if n.startswith(dev))
     assert not [n for n in names if n.startswith("tests/") and not n.startswith("tests/sanity")]

@@ -56,3 +56,46 @@ def test_execution_environment_pins_the_roles_huggingface_hub():
     defaults = yaml.safe_load((REPO / "roles" / "model_fetch" / "defaults" / "main.yml").read_text())
     assert pins == defaults["model_fetch_hf_pip_packages"], (pins, defaults["model_fetch_hf_pip_packages"])
     assert (REPO / ee["dependencies"]["system"]).is_file()
+
+
+def _pins(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^\s*(?:- )?([A-Za-z0-9_.-]+)==([0-9][^\s#]*)", text, re.M))
+
+
+def test_follower_ci_example_and_import_gate_pin_the_project_venvs_ansible():
+    """Where the collection installs or tells users to install Ansible, it is the project venv's, a supported one:
+    the fleet_follower role's venv, the GitHub Actions example and the import gate (no 2.19 left anywhere)."""
+    venv = _pins((REPO / "requirements.txt").read_text())
+    follower = yaml.safe_load((REPO / "roles" / "fleet_follower" / "defaults" / "main.yml").read_text())
+    places = {
+        "fleet_follower defaults": _pins("\n".join(follower["fleet_follower_pip_packages"])),
+        "the GitHub Actions example": _pins(
+            re.search(r"run: pip install (.*)", (REPO / "docs/examples/github-actions-follow-pr.yml").read_text())
+            .group(1)
+            .replace(" ", "\n")
+        ),
+        "the import gate": _pins((REPO / "tests" / "requirements-import-gate.txt").read_text()),
+    }
+    for where, pins in places.items():
+        for name in ("ansible-core", "ansible", "cryptography"):
+            assert pins.get(name) == venv[name], (where, name, pins.get(name), venv[name])
+    spec = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())["requires_ansible"]
+    low = re.match(r">=(\d+\.\d+)", spec).group(1)
+    assert _minor(venv["ansible-core"]) >= _minor(low)
+
+
+def test_the_version_is_a_major_step_when_the_unreleased_fragments_break():
+    """galaxy.yml's version is the release the fragments go into: a breaking change or a removal in a fragment
+    needs a major version above the last released one."""
+    galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+    released = yaml.safe_load((REPO / "changelogs" / "changelog.yaml").read_text())["releases"]
+    last = max(released, key=lambda v: tuple(map(int, v.split("."))))
+    breaking = [
+        p.name
+        for p in (REPO / "changelogs" / "fragments").glob("*.yml")
+        if {"breaking_changes", "removed_features"} & set(yaml.safe_load(p.read_text()) or {})
+    ]
+    major, last_major = int(galaxy.split(".")[0]), int(last.split(".")[0])
+    assert tuple(map(int, galaxy.split("."))) > tuple(map(int, last.split("."))), (galaxy, last)
+    if breaking:
+        assert major > last_major, f"{breaking} break compatibility: galaxy.yml's {galaxy} must be {last_major + 1}.0.0"

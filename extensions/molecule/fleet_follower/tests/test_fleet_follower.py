@@ -28,6 +28,15 @@ def wait_for_runs(host, n, timeout=150):
     raise AssertionError(f"fewer than {n} follower runs in {timeout} s: {requests(host)}")
 
 
+def test_venv_runs_a_supported_ansible_core_on_the_hosts_python_3_13(host):
+    """Debian 13's python3 (3.13) was found; the venv runs the role's pinned ansible-core (2.21, not 2.19)."""
+    venv = "/var/lib/llamafleet-follow/venv"
+    assert host.check_output(f"{venv}/bin/python -c 'import sys; print(sys.version_info[:2] >= (3, 12))'") == "True"
+    version = host.check_output(f"{venv}/bin/python -c 'import ansible.release as r; print(r.__version__)'")
+    assert version.startswith("2.21."), version
+    assert host.file(f"{venv}/bin/python").user == "root"
+
+
 def test_timer_and_service(host):
     timer = host.service("llamafleet-follow.timer")
     assert timer.is_enabled and timer.is_running
