@@ -12,7 +12,7 @@ import importlib.util
 import os
 import re
 import struct
-import time
+import tarfile
 from pathlib import Path
 
 import gguf
@@ -32,7 +32,12 @@ from ansible_collections.llamafleet.mtp.plugins.module_utils.gguf_header import 
 
 from tests.harness.gguf import qwen36_27b_header as qwen
 
-T = Path("/var/cache/llama-mtp-fleet/src/llama_cpp_python-0.3.36/vendor/llama.cpp")
+# T: the llama.cpp tree vendored in the llama-cpp-python 0.3.36 sdist, the source the harness's mirror is made of
+# (tests/harness/llamacpp/mirror.sh downloads it into the cache; the full lane runs that before the unit tests)
+T_SDIST = (
+    Path(os.environ.get("LLAMA_MTP_CACHE", "/var/cache/llama-mtp-fleet")) / "src" / "llama_cpp_python-0.3.36.tar.gz"
+)
+T_FILES = ("gguf-py/gguf/constants.py", "ggml/include/ggml.h", "include/llama.h")
 VT = gguf.GGUFValueType
 QT = gguf.GGMLQuantizationType
 
@@ -159,8 +164,24 @@ def test_ggml_type_sizes_match_gguf_package():
             assert (my_blck, my_size) == (blck, size), name
 
 
-@pytest.mark.skipif(not T.exists(), reason="llama.cpp source tree (T) not present")
-def test_ggml_type_sizes_match_llama_cpp_tree():
+@pytest.fixture(scope="module")
+def T(tmp_path_factory):
+    """The files of T these tests read, taken from the harness's sdist. Skipped in the fast lane (no harness there);
+    a failure in the full lane (LLAMA_SERVER_BIN set: the harness ran), where a missing tree would hide the checks."""
+    if not T_SDIST.is_file():
+        if os.environ.get("LLAMA_SERVER_BIN"):
+            pytest.fail(f"the harness ran (LLAMA_SERVER_BIN is set) but its llama.cpp source {T_SDIST} is missing")
+        pytest.skip(f"llama.cpp source {T_SDIST} not here (tests/harness/llamacpp/mirror.sh makes it; full lane)")
+    out = tmp_path_factory.mktemp("llama-tree")
+    with tarfile.open(T_SDIST) as tar:
+        for rel in T_FILES:
+            data = tar.extractfile(f"llama_cpp_python-0.3.36/vendor/llama.cpp/{rel}").read()
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_bytes(data)
+    return out
+
+
+def test_ggml_type_sizes_match_llama_cpp_tree(T):
     spec = importlib.util.spec_from_file_location("t_gguf_constants", T / "gguf-py/gguf/constants.py")
     consts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(consts)
@@ -177,8 +198,7 @@ def test_llama_ftype_names_match_gguf_package():
         assert LLAMA_FTYPES[int(member)] == member.name
 
 
-@pytest.mark.skipif(not T.exists(), reason="llama.cpp source tree (T) not present")
-def test_llama_ftype_names_match_llama_h():
+def test_llama_ftype_names_match_llama_h(T):
     text = (T / "include/llama.h").read_text()
     body = text[text.index("enum llama_ftype {") : text.index("};", text.index("enum llama_ftype {"))]
     found = {int(v): n for n, v in re.findall(r"^\s*LLAMA_FTYPE_(\w+)\s*=\s*(\d+),", body, re.M)}
@@ -580,18 +600,17 @@ def test_qwen_fixture_is_a_big_sparse_file(qwen_file):
     assert st.st_blocks * 512 < 64 * 2**20  # a few MB on disk
 
 
-def test_qwen_header_read_is_fast_and_never_reads_tensor_data(qwen_file):
+def test_qwen_header_read_never_reads_tensor_data(qwen_file):
+    """What "fast" stood for, counted rather than timed: the bytes this process read (/proc/self/io rchar) stay
+    within the header plus one buffered chunk of a 16.8 GB file, whatever the machine's load."""
     before = _proc_rchar()
-    t0 = time.perf_counter()
+    assert before is not None, "/proc/self/io is needed to count the bytes read"
     h = read_gguf_header(qwen_file["path"])
-    elapsed = time.perf_counter() - t0
     after = _proc_rchar()
-    assert elapsed < 1.0, f"header read took {elapsed:.2f} s"
     assert h.data_offset == qwen_file["data_offset"]
     assert h.header_bytes > 8 * 2**20  # the tokenizer arrays were read...
-    if before is not None:
-        # ...but at most one buffered chunk (1 MiB) past the tensor-info table
-        assert after - before < h.data_offset + 2 * 2**20
+    # ...but at most one buffered chunk (1 MiB) past the tensor-info table
+    assert after - before < h.data_offset + 2 * 2**20, (after - before, h.data_offset)
 
 
 def test_qwen_tensor_table_matches_generator(qwen_file):
@@ -603,9 +622,10 @@ def test_qwen_tensor_table_matches_generator(qwen_file):
 
 
 def test_qwen_summary(qwen_file):
-    t0 = time.perf_counter()
+    before = _proc_rchar()
     info = gguf_info(qwen_file["path"])
-    assert time.perf_counter() - t0 < 1.0
+    read = _proc_rchar() - before
+    assert read < qwen_file["data_offset"] + 2 * 2**20, read  # the summary reads the header only
     hp = qwen.HPARAMS
     assert info["architecture"] == "qwen35"
     assert info["file_type_name"] == "MOSTLY_Q4_K_M"
