@@ -142,7 +142,10 @@ stage unit-slow pytest -q -m slow tests/unit
 bg_wait
 # README command 1, end to end on a fresh sandbox fleet, then the fleet playbooks on it
 # (idempotence, the PR-merged upgrade, a failing upgrade with rollback, bench --tags autotune), alone on the
-# machine: the speed gate and the served-through-the-upgrade checks measure it.
+# machine: the speed gate and the served-through-the-upgrade checks measure it. Each llama host runs on a core of
+# its own (SANDBOX_PIN=1, as the benchmarks do), so that the gate measures a host's change, not its neighbour's
+# load on the same two cores (the false alarms of docs/measurements.md, 2026-12-07).
+export SANDBOX_PIN=1
 stage sandbox-down-before bash scripts/sandbox.sh down
 stage sandbox-site bash scripts/run-sandbox.sh
 stage fleet-playbooks env FLEET_SANDBOX=1 pytest -q -s --durations=0 tests/integration/test_fleet_playbooks.py   # -s: prints failed requests per host and run times

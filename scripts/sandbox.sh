@@ -12,7 +12,9 @@
 #   sandbox.sh down            stop and remove the sandbox hosts (the network and images stay)
 #   sandbox.sh status          list the sandbox hosts
 # Env: LLAMA_MTP_CACHE (default /var/cache/llama-mtp-fleet) keeps image tarballs between runs;
-#      SANDBOX_PREFIX (default llama-sandbox), SANDBOX_NETWORK (default llamafleet).
+#      SANDBOX_PREFIX (default llama-sandbox), SANDBOX_NETWORK (default llamafleet); SANDBOX_PIN=1 gives each
+#      llama host a core of its own (podman --cpuset-cpus, host i on core (i-1) mod nproc; the gateway unpinned),
+#      as the fleet tests and benchmarks run it, so that a host's speed gate measures its change, not its neighbour.
 set -euo pipefail
 cache=${LLAMA_MTP_CACHE:-/var/cache/llama-mtp-fleet}
 prefix=${SANDBOX_PREFIX:-llama-sandbox}
@@ -65,7 +67,9 @@ up() {
       [ "$(podman inspect -f '{{.State.Running}}' "$name")" = true ] || podman start "$name" >/dev/null
       continue
     fi
-    podman run -d --name "$name" --hostname "$name" --network "$network" \
+    local pin=()   # SANDBOX_PIN=1: llama host i on core (i-1) mod nproc, as separate machines would be
+    if [ "${SANDBOX_PIN:-0}" = 1 ] && [[ $i =~ ^[0-9]+$ ]]; then pin=(--cpuset-cpus "$(( (i - 1) % $(nproc) ))"); fi
+    podman run -d --name "$name" --hostname "$name" --network "$network" "${pin[@]}" \
       --systemd=always --label llamafleet.sandbox=1 \
       --tmpfs /tmp --tmpfs /run \
       -v "$cache/ccache:/var/cache/ccache" \
