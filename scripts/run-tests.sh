@@ -21,7 +21,7 @@ case "${1:-}" in --fast) lane=fast ;; --full|"") ;; *) echo "usage: $0 [--fast|-
 
 declare -a names=() secs=() results=()
 failed=0
-bg_name="" bg_pid="" bg_log="" bg_t0=0
+bg_name="" bg_pid="" bg_log="" bg_t0=0 cur_name="" cur_t0=0
 # Everything this lane starts carries this mark in its environment (test hosts' stand-ins, git daemon, molecule,
 # pytest workers): whatever stage ends the lane, cleanup() stops what still runs with it, and removes the
 # containers the lane created (those that did not exist before it), so a failed lane leaves nothing behind.
@@ -48,6 +48,9 @@ cleanup() {
 }
 summary() {
   local rc=$?
+  if [ -n "$cur_name" ]; then   # a signal stopped the lane in the middle of this stage
+    names+=("$cur_name"); secs+=($((SECONDS - cur_t0))); results+=("FAILED (stopped by a signal, rc=$rc)")
+  fi
   if [ -n "$bg_pid" ]; then   # the lane stopped while a background stage ran: stop it too
     stop_group "$bg_pid"
     names+=("$bg_name"); secs+=($((SECONDS - bg_t0))); results+=("stopped (the lane failed beside it)")
@@ -64,12 +67,18 @@ summary() {
   [ $rc -eq 0 ] || echo "the lane FAILED (rc=$rc): the stage marked FAILED above"
 }
 trap summary EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT   # a lane stopped by a signal cleans up and reports too
 stage() {   # stage NAME CMD...: run, time, and stop the lane at the first failure
   local name=$1; shift
   echo; echo "== stage: $name =="
   local t0=$SECONDS rc=0
-  "$@" || rc=$?
-  names+=("$name"); secs+=($((SECONDS - t0)))
+  cur_name=$name cur_t0=$SECONDS
+  if [ "$1" = source ]; then "$@" || rc=$?   # sets this shell's environment
+  else   # in the background and waited for, so that a TERM or INT reaches the traps at once, not after the stage
+    "$@" & wait $! || rc=$?
+  fi
+  names+=("$name"); secs+=($((SECONDS - t0))); cur_name=""
   if [ $rc -eq 0 ]; then results+=(ok); else results+=("FAILED (rc=$rc)"); failed=1; exit $rc; fi
 }
 bg_stage() {   # bg_stage NAME CMD...: start a stage in the background (its own process group), output kept

@@ -311,6 +311,45 @@ def inv(tmp_path_factory):
     return path
 
 
+def _not_serving():
+    """What keeps the fleet from serving as declared: an instance whose /health is not 200, or whose gateway server
+    is not UP (DOWN, DRAIN or MAINT left by an interrupted run). Empty when all serve."""
+    problems = []
+    for h in HOSTS:
+        try:
+            code = health(h)
+        except subprocess.CalledProcessError as e:
+            code = f"not reachable (podman exec rc {e.returncode})"
+        if code != 200:
+            problems.append(f"{h} main: /health {code}")
+    status = {r.get("svname"): r.get("status") for r in gateway_stat(GATEWAY)}
+    problems += [
+        f"{h}_main on the gateway: {status.get(f'{h}_main')}" for h in HOSTS if status.get(f"{h}_main") != "UP"
+    ]
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def fleet_serving(request, inv, tmp_path_factory):
+    """Each test starts from a fleet that serves as declared, whatever the test before it left: a failed test names
+    itself and the ones after it still run. If the fleet does not serve (after 30 s for health checks and restarts
+    to settle), site.yml converges the declared state again (the speed gate's verdict accepted: this is a repair,
+    not a change under test) and the test waits for it to serve; a fleet that still does not serve is an error of
+    this test's set-up, with what is wrong."""
+    if request.node.name.startswith("test_zz"):
+        yield
+        return
+    try:
+        _until("the fleet serving as declared", lambda: not _not_serving(), timeout=30)
+    except AssertionError:
+        problems = _not_serving()
+        print(f"\n{request.node.name}: the fleet does not serve as declared ({problems}); site.yml repairs it first")
+        run = play("site.yml", inv, tmp_path_factory, gateway=True, extravars={"llamafleet_accept_slower": True})
+        print(f"  repair: {run.status}, failures {run.failures()}")
+        _until(f"the fleet serving after the repair (was: {problems})", lambda: not _not_serving(), timeout=120)
+    yield
+
+
 def group_vars(inv):
     return yaml.safe_load((inv / "group_vars" / "llama_hosts.yml").read_text())
 
