@@ -293,6 +293,12 @@ options:
     description: The service user (to warn about model files it cannot read).
     type: str
     default: llama-server
+  group:
+    description:
+      - The service user's primary group, which reads the model files on a host where the user does not exist yet
+        (the role creates it after this check).
+    type: str
+    default: llama-server
   advertise_host:
     description: Host name used in the published URL of instances bound to a wildcard address.
     type: str
@@ -415,6 +421,7 @@ binary_identity:
   type: str
 """
 
+import grp
 import os
 import pwd
 
@@ -438,12 +445,17 @@ def _stat_identity(paths: list[str]) -> str:
     return " ".join(parts)
 
 
-def _unreadable(paths: list[str], user: str) -> list[str]:
+def _unreadable(paths: list[str], user: str, group: str) -> list[str]:
     try:
         pw = pwd.getpwnam(user)
         uid, gids = pw.pw_uid, {pw.pw_gid}
     except KeyError:
-        uid, gids = None, set()
+        # A fresh host: the role creates the user after this check, in its group (model_fetch gives the files that
+        # group), so the group is what will read them; with no group yet either there is nothing to judge.
+        try:
+            uid, gids = None, {grp.getgrnam(group).gr_gid}
+        except KeyError:
+            return []
     bad = []
     for p in paths:
         st = os.stat(p)
@@ -468,6 +480,7 @@ def main() -> None:
             "plans": {"type": "dict", "default": {}},
             **host_paths.options("config_dir"),
             "user": {"type": "str", "default": "llama-server"},
+            "group": {"type": "str", "default": "llama-server"},
             "advertise_host": {"type": "str"},
             "health_timeout_base": {"type": "int", "default": 60},
             "health_timeout_per_gib": {"type": "int", "default": 30},
@@ -510,7 +523,7 @@ def main() -> None:
             problems.append(f"instance {inst['name']!r}: model {path}: {e.strerror or e}")
             continue
         model_info[path] = model_info_from_gguf(gguf, identity)
-        for bad in _unreadable(paths, p["user"]):
+        for bad in _unreadable(paths, p["user"], p["group"]):
             module.warn(f"model file {bad} is not readable by {p['user']}; llama-server will fail to load it")
     if problems:
         module.fail_json(
