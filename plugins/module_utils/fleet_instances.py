@@ -197,7 +197,15 @@ FIELDS: dict = {
         "flag": ["--repeat-penalty"],
         "doc": "Default repeat penalty (C(--repeat-penalty)).",
     },
-    "alias": {"type": "str", "doc": "Model name(s) the API reports, comma-separated (C(--alias))."},
+    "alias": {
+        "type": "str",
+        "doc": (
+            "More names the instance answers to, comma-separated (C(--alias)). The declared model's name is always "
+            "one of them, also without this field (a C(model_path) instance: the file's name without C(.gguf)), so "
+            "responses' C(model) and the instance's C(/v1/models) carry a name, never a host path; llama-server "
+            "keeps the names sorted and reports the alphabetically first."
+        ),
+    },
     "api_key": {
         "type": "str",
         "no_log": True,
@@ -343,6 +351,22 @@ RESERVED_ENV = {
 PLANNED = ("context", "mtp")
 
 ANSIBLE_SPEC_KEYS = ("type", "required", "default", "choices", "elements", "no_log")
+
+
+def served_names(inst, model_path=None):
+    """The names an instance answers to, as its --alias renders them: the declared model's name first (an instance
+    declared by model_path: the file's name without .gguf and a split part's -0000K-of-0000N), then the names of
+    its alias field (comma-separated), each once."""
+    first = inst.get("model")
+    path = model_path or inst.get("model_path")
+    if not first and path:
+        first = re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", str(path).rstrip("/").rsplit("/", 1)[-1])
+    names = [first] if first else []
+    for name in str(inst.get("alias") or "").split(","):
+        name = name.strip()
+        if name and name not in names:
+            names.append(name)
+    return names
 
 
 def argument_spec():

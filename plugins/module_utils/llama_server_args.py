@@ -644,8 +644,11 @@ def _replica(inst, label, i, suffixed, plan, path, info, settings, ctx, problems
 def _replica_args(inst, name, path, host, rport, settings, plan_inst, cpus, place_args, ctx, problems):
     """(args, notes): the replica's command line, every flag one the binary lists, every token env-file safe."""
     args = ["--model", path, "--host", host, "--port", str(rport)]
-    if inst.get("alias"):
-        args += ["--alias", inst["alias"]]
+    # The declared model's name always (never llama-server's own default: a file name or path), where the binary
+    # lists --alias (every llama-server since 2023; an explicit alias on one that does not is refused as before)
+    names = fleet_instances.served_names(inst, path)
+    if names and (inst.get("alias") or ctx.flags.knows("--alias")):
+        args += ["--alias", ",".join(names)]
     if settings["ctx"] is not None:
         args += ["--ctx-size", str(settings["ctx"])]
     # Cores of its own (the plan divides a shared host's cores): as many threads as cores, unless pinned.

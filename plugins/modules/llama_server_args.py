@@ -180,7 +180,11 @@ options:
         description: Default repeat penalty (C(--repeat-penalty)).
         type: float
       alias:
-        description: Model name(s) the API reports, comma-separated (C(--alias)).
+        description: >-
+          More names the instance answers to, comma-separated (C(--alias)). The declared model's name is always one of
+          them, also without this field (a C(model_path) instance: the file's name without C(.gguf)), so responses'
+          C(model) and the instance's C(/v1/models) carry a name, never a host path; llama-server keeps the names
+          sorted and reports the alphabetically first.
         type: str
       api_key:
         description: >-

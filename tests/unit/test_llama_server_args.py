@@ -303,7 +303,9 @@ def test_sampling_and_tuning_flags(model_info):
     assert (value(a, "--temp"), value(a, "--top-k"), value(a, "--top-p")) == ("0.6", "20", "0.95")
     assert (value(a, "--min-p"), value(a, "--repeat-penalty")) == ("0.0", "1.05")
     assert (value(a, "--threads"), value(a, "--batch-size"), value(a, "--ubatch-size")) == ("8", "2048", "512")
-    assert (value(a, "--flash-attn"), value(a, "--alias"), value(a, "--ctx-size")) == ("on", "qwen,qwen3.6", "8192")
+    # the model's own name first (a model_path instance: the file's name), then the alias field's names
+    assert (value(a, "--flash-attn"), value(a, "--ctx-size")) == ("on", "8192")
+    assert value(a, "--alias") == "tiny-agree,qwen,qwen3.6"
     assert (value(a, "--cache-type-k"), value(a, "--spec-draft-n-max")) == ("q8_0", "3")
     assert "--no-webui" not in a and "--metrics" not in a
     # every flag rendered is one the binary's --help lists
@@ -531,3 +533,15 @@ def test_slot_prompt_similarity_default_rendered_where_the_binary_has_it_and_the
     msg = refused([dict(inst[0], slot_prompt_similarity=0.25)], model_info, caps)
     assert "instance 'a', field 'slot_prompt_similarity': it renders --slot-prompt-similarity, which" in msg
     assert "slot_prompt_similarity" in refused([dict(inst[0], extra_args=["-sps", "0.5"])], model_info)
+
+
+def test_every_instance_answers_to_its_declared_name():
+    """--alias always carries the declared model's name (never llama-server's file-path default); an explicit alias
+    adds names; each name once; a model_path instance answers to its file's name, a split set's without the part."""
+    from ansible_collections.llamafleet.mtp.plugins.module_utils.fleet_instances import served_names
+
+    assert served_names({"model": "qwen3.6-27b-mtp"}) == ["qwen3.6-27b-mtp"]
+    assert served_names({"model": "big", "alias": "big, b ,c,,b"}) == ["big", "b", "c"]
+    assert served_names({"model_path": "/m/Qwen3.6-27B-Q4_K_M-mtp.gguf"}) == ["Qwen3.6-27B-Q4_K_M-mtp"]
+    assert served_names({"model_path": "/m/q-00001-of-00003.gguf", "alias": "q"}) == ["q"]
+    assert served_names({}) == []
