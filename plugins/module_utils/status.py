@@ -21,7 +21,7 @@ DEFERRED = "llamacpp:requests_deferred"
 # The recording rules (role llama_monitoring) a row reads, and the row field each one fills.
 PROMETHEUS_SERIES = {
     "llamafleet:instance_decode_tokens_per_second:rate1m": "served_tok_s",
-    "llamafleet:instance_request_tokens_per_second:avg5m": "decode_tok_s",
+    "llamafleet:instance_request_tokens_per_second:ratio_rate5m": "decode_tok_s",
     "llamafleet:instance_mtp_acceptance:ratio_rate5m": "acceptance",
     "llamafleet:instance_busy_slots": "slots_busy",
 }

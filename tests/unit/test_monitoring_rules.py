@@ -241,3 +241,15 @@ def test_prometheus_sends_alerts_to_the_alertmanager_only_when_asked(promtool, t
     check = subprocess.run([promtool, "check", "config", "--syntax-only", "p.yml"], cwd=tmp_path, capture_output=True,
                            text=True)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_speed_alert_needs_traffic_to_speak_and_the_unit_series_catch_it(promtool, tmp_path):
+    """Without the minimum of generating seconds, h3's light traffic (2.5 s in 5 minutes at 50 against its recorded
+    100 tokens/s) would fire LlamaDecodeSlowerThanBaseline: the series' expectation of quiet then fails."""
+    write_rules(tmp_path, TARGETS, overrides={"speed_min_decode_seconds": 0})
+    shutil.copy(HERE / "llamafleet.test.yml", tmp_path)
+    run = subprocess.run(
+        [promtool, "test", "rules", "llamafleet.test.yml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "LlamaDecodeSlowerThanBaseline" in run.stdout + run.stderr
+    assert "h3" in run.stdout + run.stderr

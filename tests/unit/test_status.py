@@ -104,7 +104,7 @@ def test_prometheus_figures_win_over_the_instance_counters(metrics):
     prom = [
         {
             "metric": {
-                "__name__": "llamafleet:instance_request_tokens_per_second:avg5m",
+                "__name__": "llamafleet:instance_request_tokens_per_second:ratio_rate5m",
                 "host": "h1",
                 "llama_instance": "main",
             },
