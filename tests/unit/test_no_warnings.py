@@ -16,13 +16,11 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 
 import pytest
 from ansible_run import REPO, VENV_BIN, needs_ansible
 
 WARNING = re.compile(r"\[(DEPRECATION )?WARNING\]|\b\w*Warning:")
-_FACT_CACHE = tempfile.mkdtemp(prefix="llamafleet-test-facts-")
 PLAYBOOKS = sorted(p.name for p in (REPO / "playbooks").glob("*.yml"))
 
 
@@ -33,8 +31,8 @@ def _cli(*args: str, cwd=REPO, env_extra: dict | None = None) -> subprocess.Comp
     env.update(
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
         PATH=f"{VENV_BIN}:{os.environ.get('PATH', os.defpath)}",
-        # the facts a module returns go to a cache of the test's own, never the checkout's (ansible.cfg)
-        ANSIBLE_CACHE_PLUGIN_CONNECTION=_FACT_CACHE,
+        # the facts a module returns go to the tests' own cache (conftest.py), never the checkout's (ansible.cfg)
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=os.environ["ANSIBLE_CACHE_PLUGIN_CONNECTION"],
         **(env_extra or {}),
     )
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
